@@ -1,0 +1,853 @@
+// The VMM caching allocator.
+//
+// Algorithm
+// ---------
+// Device memory is a pool of physical pages of one granule (2 MiB on the H100), created through the driver
+// port and never more than the budget. Virtual addresses come from arenas: large VA reservations
+// (LAYERSWAP_VA_RESERVE) carved at granule boundaries; an owner table per arena maps every granule to the
+// segment that covers it, so finding the segment of a pointer is O(1).
+//
+// A segment is a range of an arena with pages mapped into it, in one of two shapes:
+//   * large: one allocation larger than small_max, its size rounded up to whole granules;
+//   * slab:  blocks of one size class (size_classes.hpp), for requests up to small_max.
+// Each segment belongs to the pool of the stream it was created for (Note [Stream-ordered reuse]).
+//
+// allocate(bytes, stream)
+//   small: a block from the first slab of the class with room in the stream's pool, else a new slab;
+//   large: a cached large segment of the stream's pool with npages .. npages + npages/8 pages, else a new
+//          segment.
+//   A new segment gathers pages: idle pooled pages first, then new pages while under the budget, then
+//   pages reclaimed from idle segments, least recently freed first (Note [Unmap fences]). Only when none
+//   is left does it fail, with a message that names the budget and the largest holders.
+// deallocate(ptr)
+//   the block goes back to its segment at once, or waits for the streams it was recorded on
+//   (Note [record_stream]). An idle segment (large and free, or a slab with no block in use) stays mapped,
+//   cached, until its pages are needed elsewhere or empty_cache() is called.
+//
+// Note [Stream-ordered reuse]
+//   A block freed by a stream S is handed out again only to allocations on S. Work enqueued on S after the
+//   free runs after the work enqueued before it, so reuse on S needs no event and no wait. Memory leaves S
+//   only through a reclaim (its pages are unmapped and mapped elsewhere), which is fenced.
+//
+// Note [Unmap fences]
+//   cuMemUnmap does not wait for running kernels. Before a segment's pages are unmapped, every launch that
+//   may touch it must have completed: all of them were enqueued on the segment's stream before the segment
+//   became idle (recorded streams were waited for, Note [record_stream]). So the allocator records an
+//   event on that stream and waits for it. Each pool remembers the free epoch its last fence covered, so a
+//   burst of reclaims waits at most once per stream.
+//
+// Note [record_stream]
+//   A block used on other streams (Tensor.record_stream) is not returned at deallocate(): an event is
+//   recorded on each of those streams, and the block stays active until every event has completed. Pending
+//   blocks are polled at the start of each allocate() (only when there are any) and before reclaiming.
+//
+// Locking: one mutex per allocator; public methods take it, *_locked helpers assume it.
+#include "allocator/caching_allocator.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cinttypes>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "allocator/size_classes.hpp"
+#include "runtime/config.hpp"
+#include "runtime/error.hpp"
+#include "runtime/log.hpp"
+
+namespace layerswap {
+
+namespace {
+
+constexpr std::uint32_t k_none = std::numeric_limits<std::uint32_t>::max();
+
+struct segment;
+struct stream_pool;
+
+// Intrusive doubly linked list over segments; `Hook` selects which pair of links.
+struct list_hook {
+  segment* prev = nullptr;
+  segment* next = nullptr;
+  bool linked = false;
+};
+
+template <list_hook segment::*Hook>
+struct segment_list {
+  segment* head = nullptr;
+  segment* tail = nullptr;
+
+  void push_back(segment* s) noexcept;
+  void erase(segment* s) noexcept;
+  [[nodiscard]] bool empty() const noexcept { return head == nullptr; }
+};
+
+struct segment {
+  device_ptr va = 0;
+  std::size_t bytes = 0;
+  std::vector<phys_handle> pages;
+  stream_pool* pool = nullptr;
+  std::uint64_t free_epoch = 0;  // when it last became idle (Note [Unmap fences])
+  bool slab = false;
+
+  // large
+  bool live = false;
+  std::size_t requested = 0;
+
+  // slab
+  std::uint32_t cls = 0;
+  std::size_t block = 0;
+  std::uint32_t nblocks = 0;
+  std::uint32_t used = 0;  // blocks live or pending (Note [record_stream])
+  std::uint32_t free_head = k_none;
+  std::vector<std::uint32_t> next_free;     // free list through block indices
+  std::vector<std::size_t> requested_of;   // requested bytes of each live block; 0 when free
+
+  list_hook pool_hook;  // large: pool->free_by_pages[npages]; slab: pool->partial[cls]
+  list_hook idle_hook;  // impl::idle_: reclaimable (large and free, or a slab with used == 0)
+
+  [[nodiscard]] std::size_t npages() const noexcept { return pages.size(); }
+};
+
+template <list_hook segment::*Hook>
+void segment_list<Hook>::push_back(segment* s) noexcept {
+  list_hook& h = s->*Hook;
+  h.prev = tail;
+  h.next = nullptr;
+  h.linked = true;
+  if (tail) (tail->*Hook).next = s; else head = s;
+  tail = s;
+}
+
+template <list_hook segment::*Hook>
+void segment_list<Hook>::erase(segment* s) noexcept {
+  list_hook& h = s->*Hook;
+  if (!h.linked) return;
+  if (h.prev) (h.prev->*Hook).next = h.next; else head = h.next;
+  if (h.next) (h.next->*Hook).prev = h.prev; else tail = h.prev;
+  h = list_hook{};
+}
+
+using pool_list = segment_list<&segment::pool_hook>;
+using idle_list = segment_list<&segment::idle_hook>;
+
+struct stream_pool {
+  stream_handle stream = nullptr;
+  std::vector<pool_list> free_by_pages;  // cached large segments, indexed by page count
+  std::vector<pool_list> partial;        // slabs with a free block, indexed by size class
+  std::uint64_t fenced_epoch = 0;        // every segment idle at or before this epoch is fenced
+};
+
+struct arena {
+  device_ptr base = 0;
+  std::size_t bytes = 0;
+  std::vector<segment*> owner;                   // per granule
+  std::map<std::size_t, std::size_t> free_runs;  // first granule -> granule count (slow path only)
+};
+
+struct pending_free {
+  segment* seg = nullptr;
+  std::uint32_t block = 0;  // slab block index; unused for large segments
+  std::vector<event_handle> events;
+};
+
+}  // namespace
+
+struct caching_allocator::impl {
+  impl(driver& p, allocator_options o);
+  ~impl();
+
+  driver& port;
+  allocator_options options;
+  std::size_t gran = 0;
+  unsigned gran_shift = 0;
+  std::uint32_t small_classes = 0;
+
+  mutable std::mutex mutex;
+  std::vector<std::unique_ptr<arena>> arenas;
+  std::vector<std::unique_ptr<stream_pool>> pools;
+  stream_pool* last_pool = nullptr;
+  std::unordered_set<segment*> segments;
+  idle_list idle;
+  std::vector<phys_handle> idle_pages;  // unmapped, no pending work, counted in device_bytes
+  std::vector<pending_free> pending;
+  std::unordered_map<device_ptr, std::vector<stream_handle>> recorded;
+  std::vector<event_handle> spare_events;
+  std::uint64_t epoch = 0;
+
+  allocator_stats st;
+
+  // ---- helpers, all *_locked ----
+  stream_pool* pool_for_locked(stream_handle stream);
+  segment* owner_locked(device_ptr p) const noexcept;
+  void* allocate_small_locked(std::size_t bytes, stream_pool* pool);
+  void* allocate_large_locked(std::size_t bytes, stream_pool* pool);
+  segment* new_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request);
+  std::vector<phys_handle> gather_pages_locked(std::size_t n, std::size_t request);
+  bool reclaim_one_locked();
+  void fence_locked(segment* seg);
+  void destroy_segment_locked(segment* seg);
+  device_ptr reserve_va_locked(std::size_t npages);
+  void release_va_locked(device_ptr va, std::size_t npages);
+  void set_owner_locked(device_ptr va, std::size_t npages, segment* seg);
+  void release_block_locked(segment* seg, std::uint32_t block);
+  void make_idle_locked(segment* seg);
+  void process_pending_locked(bool wait);
+  event_handle take_event_locked();
+  [[noreturn]] void throw_oom_locked(std::size_t request);
+  // Adds `delta` to one statistic of the small or large pool and, unless it is a move between the pools,
+  // to the aggregate.
+  void count(bool slab, stat pool_stats::*field, std::int64_t delta, bool aggregate = true) noexcept {
+    pool_stats& pool = slab ? st.small : st.large;
+    apply(pool.*field, delta);
+    if (aggregate) apply(st.all.*field, delta);
+  }
+  static void apply(stat& s, std::int64_t delta) noexcept {
+    if (delta >= 0) s.increase(delta); else s.decrease(-delta);
+  }
+};
+
+caching_allocator::impl::impl(driver& p, allocator_options o) : port(p), options(o) {
+  gran = port.granularity();
+  if (gran == 0 || !std::has_single_bit(gran)) {
+    throw error("layerswap: the device reports a mapping granularity of " + std::to_string(gran) +
+                " bytes; layerswap needs a power of two");
+  }
+  gran_shift = static_cast<unsigned>(std::countr_zero(gran));
+  options.small_max = std::min(options.small_max, gran / 2);
+  small_classes = size_class_count(options.small_max);
+  options.va_reserve = std::max(options.va_reserve, gran) / gran * gran;
+  st.device = port.device();
+  st.budget = options.budget;
+  st.granularity = gran;
+}
+
+caching_allocator::impl::~impl() {
+  // Callers are gone: wait for the streams, then give everything back. Never throws.
+  try {
+    process_pending_locked(true);
+    for (segment* seg : std::vector<segment*>(segments.begin(), segments.end())) {
+      fence_locked(seg);
+      destroy_segment_locked(seg);
+    }
+    for (phys_handle h : idle_pages) port.release(h);
+    idle_pages.clear();
+    for (auto& a : arenas) port.unreserve(a->base, a->bytes);
+    for (event_handle e : spare_events) port.destroy_event(e);
+  } catch (const std::exception& e) {
+    LAYERSWAP_LOG(warn, "releasing device %d memory at shutdown failed: %s", st.device, e.what());
+  }
+}
+
+stream_pool* caching_allocator::impl::pool_for_locked(stream_handle stream) {
+  if (last_pool && last_pool->stream == stream) return last_pool;
+  for (auto& p : pools) {
+    if (p->stream == stream) return last_pool = p.get();
+  }
+  auto p = std::make_unique<stream_pool>();
+  p->stream = stream;
+  p->partial.resize(small_classes);
+  pools.push_back(std::move(p));
+  return last_pool = pools.back().get();
+}
+
+segment* caching_allocator::impl::owner_locked(device_ptr p) const noexcept {
+  for (const auto& a : arenas) {
+    if (p >= a->base && p - a->base < a->bytes) return a->owner[(p - a->base) >> gran_shift];
+  }
+  return nullptr;
+}
+
+event_handle caching_allocator::impl::take_event_locked() {
+  if (!spare_events.empty()) {
+    event_handle e = spare_events.back();
+    spare_events.pop_back();
+    return e;
+  }
+  return port.create_event();
+}
+
+// ---- VA arenas ----
+
+device_ptr caching_allocator::impl::reserve_va_locked(std::size_t npages) {
+  for (auto& a : arenas) {
+    for (auto it = a->free_runs.begin(); it != a->free_runs.end(); ++it) {
+      if (it->second < npages) continue;
+      const std::size_t first = it->first;
+      const std::size_t left = it->second - npages;
+      a->free_runs.erase(it);
+      if (left) a->free_runs.emplace(first + npages, left);
+      return a->base + (first << gran_shift);
+    }
+  }
+  const std::size_t bytes = std::max(options.va_reserve, npages << gran_shift);
+  auto a = std::make_unique<arena>();
+  a->base = port.reserve(bytes, gran);
+  a->bytes = bytes;
+  a->owner.assign(bytes >> gran_shift, nullptr);
+  const std::size_t total = bytes >> gran_shift;
+  if (total > npages) a->free_runs.emplace(npages, total - npages);
+  LAYERSWAP_LOG(info, "device %d: reserved a %s virtual address arena", st.device, format_bytes(bytes).c_str());
+  arenas.push_back(std::move(a));
+  return arenas.back()->base;
+}
+
+void caching_allocator::impl::release_va_locked(device_ptr va, std::size_t npages) {
+  for (auto& a : arenas) {
+    if (va < a->base || va - a->base >= a->bytes) continue;
+    std::size_t first = (va - a->base) >> gran_shift;
+    std::size_t count = npages;
+    auto next = a->free_runs.lower_bound(first);
+    if (next != a->free_runs.end() && next->first == first + count) {  // merge with the following run
+      count += next->second;
+      next = a->free_runs.erase(next);
+    }
+    if (next != a->free_runs.begin()) {  // merge with the preceding run
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == first) {
+        first = prev->first;
+        count += prev->second;
+        a->free_runs.erase(prev);
+      }
+    }
+    a->free_runs.emplace(first, count);
+    return;
+  }
+}
+
+void caching_allocator::impl::set_owner_locked(device_ptr va, std::size_t npages, segment* seg) {
+  for (auto& a : arenas) {
+    if (va < a->base || va - a->base >= a->bytes) continue;
+    const std::size_t first = (va - a->base) >> gran_shift;
+    std::fill_n(a->owner.begin() + static_cast<std::ptrdiff_t>(first), npages, seg);
+    return;
+  }
+}
+
+// ---- pages and segments ----
+
+std::vector<phys_handle> caching_allocator::impl::gather_pages_locked(std::size_t n, std::size_t request) {
+  std::vector<phys_handle> out;
+  out.reserve(n);
+  bool retried = false;
+  auto give_back = [&] {
+    idle_pages.insert(idle_pages.end(), out.begin(), out.end());
+    out.clear();
+  };
+  while (out.size() < n) {
+    if (!idle_pages.empty()) {
+      out.push_back(idle_pages.back());
+      idle_pages.pop_back();
+      continue;
+    }
+    const bool under_budget =
+        options.budget == 0 || static_cast<std::size_t>(st.device_bytes.current) + gran <= options.budget;
+    if (under_budget) {
+      try {
+        out.push_back(port.create(gran, memory_location::device));
+        st.device_bytes.increase(static_cast<std::int64_t>(gran));
+        count(false, &pool_stats::reserved_bytes, static_cast<std::int64_t>(gran));  // a new page starts pooled
+        ++st.num_device_alloc;
+        continue;
+      } catch (const device_out_of_memory&) {
+        // The device is full (other allocations, other processes): fall back to our own cache.
+      } catch (...) {
+        give_back();
+        throw;
+      }
+    }
+    if (!retried) {
+      retried = true;
+      ++st.num_alloc_retries;
+      if (!pending.empty()) process_pending_locked(false);
+    }
+    if (reclaim_one_locked()) continue;
+    if (!pending.empty()) {  // blocks waiting on other streams: wait for them, then try again
+      process_pending_locked(true);
+      if (reclaim_one_locked()) continue;
+    }
+    give_back();
+    throw_oom_locked(request);
+  }
+  return out;
+}
+
+segment* caching_allocator::impl::new_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request) {
+  const std::size_t n = bytes >> gran_shift;
+  std::vector<phys_handle> pages = gather_pages_locked(n, request);
+  device_ptr va = 0;
+  std::size_t mapped = 0;
+  try {
+    va = reserve_va_locked(n);
+    for (; mapped < n; ++mapped) port.map(va + (mapped << gran_shift), gran, pages[mapped], 0);
+    port.set_access(va, bytes);
+  } catch (...) {
+    for (std::size_t i = 0; i < mapped; ++i) {
+      try {
+        port.unmap(va + (i << gran_shift), gran);
+      } catch (...) {
+      }
+    }
+    if (va) release_va_locked(va, n);
+    idle_pages.insert(idle_pages.end(), pages.begin(), pages.end());
+    throw;
+  }
+  auto seg = std::make_unique<segment>();
+  seg->va = va;
+  seg->bytes = bytes;
+  seg->pages = std::move(pages);
+  seg->pool = pool;
+  segment* s = seg.release();
+  segments.insert(s);
+  set_owner_locked(va, n, s);
+  return s;
+}
+
+void caching_allocator::impl::fence_locked(segment* seg) {
+  stream_pool* pool = seg->pool;
+  if (seg->free_epoch <= pool->fenced_epoch && seg->free_epoch != 0) return;
+  const std::uint64_t now = epoch;
+  event_handle e = take_event_locked();
+  port.record(e, pool->stream);
+  port.wait(e);
+  spare_events.push_back(e);
+  ++st.num_host_waits;
+  pool->fenced_epoch = std::max(pool->fenced_epoch, now);
+}
+
+void caching_allocator::impl::destroy_segment_locked(segment* seg) {
+  if (seg->slab) {
+    seg->pool->partial[seg->cls].erase(seg);
+  } else if (seg->npages() < seg->pool->free_by_pages.size()) {
+    seg->pool->free_by_pages[seg->npages()].erase(seg);
+  }
+  idle.erase(seg);
+  for (std::size_t i = 0; i < seg->npages(); ++i) port.unmap(seg->va + (i << gran_shift), gran);
+  set_owner_locked(seg->va, seg->npages(), nullptr);
+  release_va_locked(seg->va, seg->npages());
+  idle_pages.insert(idle_pages.end(), seg->pages.begin(), seg->pages.end());
+  count(seg->slab, &pool_stats::segments, -1);
+  if (seg->slab) {  // its pages return to the pool, which counts as large
+    count(true, &pool_stats::reserved_bytes, -static_cast<std::int64_t>(seg->bytes), false);
+    count(false, &pool_stats::reserved_bytes, static_cast<std::int64_t>(seg->bytes), false);
+  }
+  segments.erase(seg);
+  delete seg;
+}
+
+bool caching_allocator::impl::reclaim_one_locked() {
+  segment* seg = idle.head;
+  if (!seg) return false;
+  fence_locked(seg);
+  destroy_segment_locked(seg);
+  return true;
+}
+
+void caching_allocator::impl::make_idle_locked(segment* seg) {
+  seg->free_epoch = ++epoch;
+  idle.push_back(seg);
+}
+
+// ---- blocks ----
+
+void* caching_allocator::impl::allocate_small_locked(std::size_t bytes, stream_pool* pool) {
+  const std::uint32_t cls = size_class_index(bytes);
+  pool_list& list = pool->partial[cls];
+  segment* seg = list.head;
+  if (!seg) {
+    const std::size_t block = size_class_bytes(cls);
+    const std::size_t slab_bytes = slab_bytes_for(block, gran);
+    seg = new_segment_locked(pool, slab_bytes, bytes);
+    seg->slab = true;
+    seg->cls = cls;
+    seg->block = block;
+    seg->nblocks = static_cast<std::uint32_t>(slab_bytes / block);
+    seg->next_free.resize(seg->nblocks);
+    seg->requested_of.assign(seg->nblocks, 0);
+    for (std::uint32_t i = 0; i < seg->nblocks; ++i) seg->next_free[i] = i + 1 < seg->nblocks ? i + 1 : k_none;
+    seg->free_head = 0;
+    count(true, &pool_stats::segments, 1);
+    count(true, &pool_stats::reserved_bytes, static_cast<std::int64_t>(slab_bytes), false);  // pages left the pool
+    count(false, &pool_stats::reserved_bytes, -static_cast<std::int64_t>(slab_bytes), false);
+    list.push_back(seg);
+  } else if (seg->used == 0) {
+    idle.erase(seg);  // back in use
+  }
+  const std::uint32_t b = seg->free_head;
+  seg->free_head = seg->next_free[b];
+  seg->next_free[b] = k_none;
+  seg->requested_of[b] = bytes;
+  if (++seg->used == seg->nblocks) list.erase(seg);
+  const auto blk = static_cast<std::int64_t>(seg->block);
+  count(true, &pool_stats::allocations, 1);
+  count(true, &pool_stats::allocated_bytes, blk);
+  count(true, &pool_stats::requested_bytes, static_cast<std::int64_t>(bytes));
+  count(true, &pool_stats::active, 1);
+  count(true, &pool_stats::active_bytes, blk);
+  return reinterpret_cast<void*>(seg->va + b * seg->block);
+}
+
+void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_pool* pool) {
+  const std::size_t npages = (bytes + gran - 1) >> gran_shift;
+  segment* seg = nullptr;
+  const std::size_t last = std::min(pool->free_by_pages.size(), npages + npages / 8 + 1);
+  for (std::size_t n = npages; n < last && !seg; ++n) seg = pool->free_by_pages[n].head;
+  if (seg) {
+    pool->free_by_pages[seg->npages()].erase(seg);
+    idle.erase(seg);
+  } else {
+    seg = new_segment_locked(pool, npages << gran_shift, bytes);
+    if (pool->free_by_pages.size() <= npages) pool->free_by_pages.resize(npages + 1);
+    count(false, &pool_stats::segments, 1);  // its pages were already counted in the large pool's reserved bytes
+  }
+  seg->live = true;
+  seg->requested = bytes;
+  const auto sz = static_cast<std::int64_t>(seg->bytes);
+  count(false, &pool_stats::allocations, 1);
+  count(false, &pool_stats::allocated_bytes, sz);
+  count(false, &pool_stats::requested_bytes, static_cast<std::int64_t>(bytes));
+  count(false, &pool_stats::active, 1);
+  count(false, &pool_stats::active_bytes, sz);
+  return reinterpret_cast<void*>(seg->va);
+}
+
+// Makes a block free for reuse on its pool's stream (its allocation was already accounted as freed).
+void caching_allocator::impl::release_block_locked(segment* seg, std::uint32_t b) {
+  count(seg->slab, &pool_stats::active, -1);
+  count(seg->slab, &pool_stats::active_bytes, -static_cast<std::int64_t>(seg->slab ? seg->block : seg->bytes));
+  if (!seg->slab) {
+    seg->live = false;
+    seg->pool->free_by_pages[seg->npages()].push_back(seg);
+    make_idle_locked(seg);
+    return;
+  }
+  seg->next_free[b] = seg->free_head;
+  seg->free_head = b;
+  if (seg->used-- == seg->nblocks) seg->pool->partial[seg->cls].push_back(seg);
+  if (seg->used == 0) make_idle_locked(seg);
+}
+
+void caching_allocator::impl::process_pending_locked(bool wait) {
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    pending_free& p = pending[i];
+    bool done = true;
+    for (event_handle e : p.events) {
+      if (wait) {
+        port.wait(e);
+        ++st.num_host_waits;
+      } else if (!port.query(e)) {
+        done = false;
+        break;
+      }
+    }
+    if (done) {
+      spare_events.insert(spare_events.end(), p.events.begin(), p.events.end());
+      release_block_locked(p.seg, p.block);
+    } else {
+      if (kept != i) pending[kept] = std::move(p);
+      ++kept;
+    }
+  }
+  pending.resize(kept);
+}
+
+void caching_allocator::impl::throw_oom_locked(std::size_t request) {
+  ++st.num_ooms;
+  std::vector<std::size_t> live;
+  std::int64_t live_bytes = 0;
+  for (const segment* s : segments) {
+    if (s->slab) {
+      for (std::size_t r : s->requested_of) {
+        if (r) live.push_back(s->block), live_bytes += static_cast<std::int64_t>(s->block);
+      }
+    } else if (s->live) {
+      live.push_back(s->bytes);
+      live_bytes += static_cast<std::int64_t>(s->bytes);
+    }
+  }
+  std::sort(live.begin(), live.end(), std::greater<>());
+  std::string largest;
+  for (std::size_t i = 0; i < live.size() && i < 4; ++i) largest += (i ? ", " : "") + format_bytes(live[i]);
+  const auto held = static_cast<std::uint64_t>(st.device_bytes.current);
+  std::string msg = "layerswap: out of memory: cannot allocate " + format_bytes(request) + " on device " +
+                    std::to_string(st.device) + ". ";
+  if (options.budget) {
+    msg += "LAYERSWAP_BUDGET caps layerswap at " + format_bytes(options.budget) + " of device memory and it holds " +
+           format_bytes(held);
+  } else {
+    std::size_t free = 0, total = 0;
+    try {
+      free = port.free_memory();
+      total = port.total_memory();
+    } catch (...) {
+    }
+    msg += "No LAYERSWAP_BUDGET is set; the device has " + format_bytes(free) + " free of " + format_bytes(total) +
+           " and layerswap holds " + format_bytes(held);
+  }
+  msg += ": " + format_bytes(static_cast<std::uint64_t>(live_bytes)) + " in " + std::to_string(live.size()) +
+         " live allocations" + (largest.empty() ? "" : " (largest " + largest + ")");
+  const std::int64_t other = static_cast<std::int64_t>(held) - live_bytes;
+  if (other > 0) msg += ", " + format_bytes(static_cast<std::uint64_t>(other)) + " in partly used slabs and rounding";
+  msg += ". ";
+  if (options.budget) {
+    msg += "Raise LAYERSWAP_BUDGET (now " + format_bytes(options.budget) + ") or reduce the batch size.";
+  } else {
+    msg += "Reduce the batch size or free other GPU memory; set LAYERSWAP_BUDGET to cap layerswap's share.";
+  }
+  throw out_of_memory(msg);
+}
+
+// ---- public interface ----
+
+caching_allocator::caching_allocator(driver& port, allocator_options options)
+    : impl_(std::make_unique<impl>(port, options)) {}
+
+caching_allocator::~caching_allocator() = default;
+
+void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
+  if (bytes == 0) return nullptr;
+  std::lock_guard lock(impl_->mutex);
+  if (!impl_->pending.empty()) impl_->process_pending_locked(false);
+  stream_pool* pool = impl_->pool_for_locked(stream);
+  return bytes <= impl_->options.small_max ? impl_->allocate_small_locked(bytes, pool)
+                                           : impl_->allocate_large_locked(bytes, pool);
+}
+
+bool caching_allocator::deallocate(void* ptr) noexcept {
+  if (!ptr) return true;
+  const auto p = reinterpret_cast<device_ptr>(ptr);
+  std::lock_guard lock(impl_->mutex);
+  impl& m = *impl_;
+  segment* seg = m.owner_locked(p);
+  std::uint32_t b = 0;
+  std::size_t requested = 0;
+  if (seg && seg->slab) {
+    const std::size_t off = p - seg->va;
+    b = static_cast<std::uint32_t>(off / seg->block);
+    if (off % seg->block != 0 || b >= seg->nblocks || seg->requested_of[b] == 0) seg = nullptr;
+    else requested = std::exchange(seg->requested_of[b], 0);
+  } else if (seg) {
+    if (seg->va != p || !seg->live) seg = nullptr;
+    else requested = seg->requested, seg->live = false;
+  }
+  if (!seg) {
+    ++m.st.num_foreign_frees;
+    return false;
+  }
+  const auto blk = static_cast<std::int64_t>(seg->slab ? seg->block : seg->bytes);
+  m.count(seg->slab, &pool_stats::allocations, -1);
+  m.count(seg->slab, &pool_stats::allocated_bytes, -blk);
+  m.count(seg->slab, &pool_stats::requested_bytes, -static_cast<std::int64_t>(requested));
+
+  if (!m.recorded.empty()) {
+    auto it = m.recorded.find(p);
+    if (it != m.recorded.end()) {
+      std::vector<stream_handle> streams = std::move(it->second);
+      m.recorded.erase(it);
+      try {
+        pending_free pf{seg, b, {}};
+        for (stream_handle s : streams) {
+          event_handle e = m.take_event_locked();
+          pf.events.push_back(e);
+          m.port.record(e, s);
+        }
+        m.pending.push_back(std::move(pf));
+        return true;
+      } catch (const std::exception& e) {
+        // Could not record events (a destroyed stream?): wait for everything instead of risking reuse.
+        LAYERSWAP_LOG(warn, "record_stream fence failed (%s); waiting for the device before reuse", e.what());
+        try {
+          for (stream_handle s : streams) m.port.synchronize(s);
+        } catch (...) {
+        }
+      }
+    }
+  }
+  m.release_block_locked(seg, b);
+  return true;
+}
+
+void caching_allocator::record_stream(void* ptr, stream_handle stream) {
+  const auto p = reinterpret_cast<device_ptr>(ptr);
+  std::lock_guard lock(impl_->mutex);
+  segment* seg = impl_->owner_locked(p);
+  if (!seg || seg->pool->stream == stream) return;  // same stream: stream order already covers it
+  auto& streams = impl_->recorded[p];
+  if (std::find(streams.begin(), streams.end(), stream) == streams.end()) streams.push_back(stream);
+}
+
+void caching_allocator::empty_cache() {
+  std::lock_guard lock(impl_->mutex);
+  impl& m = *impl_;
+  if (!m.pending.empty()) m.process_pending_locked(false);
+  while (m.reclaim_one_locked()) {
+  }
+  for (phys_handle h : m.idle_pages) {
+    m.port.release(h);
+    m.st.device_bytes.decrease(static_cast<std::int64_t>(m.gran));
+    m.count(false, &pool_stats::reserved_bytes, -static_cast<std::int64_t>(m.gran));
+    ++m.st.num_device_free;
+  }
+  m.idle_pages.clear();
+}
+
+allocator_stats caching_allocator::stats() const {
+  std::lock_guard lock(impl_->mutex);
+  allocator_stats s = impl_->st;
+  s.budget = impl_->options.budget;
+  s.cached_bytes = s.device_bytes.current - s.all.allocated_bytes.current;
+  return s;
+}
+
+void caching_allocator::reset_peak_stats() {
+  std::lock_guard lock(impl_->mutex);
+  for (pool_stats* p : {&impl_->st.small, &impl_->st.large, &impl_->st.all}) {
+    for (stat* s : {&p->allocations, &p->allocated_bytes, &p->requested_bytes, &p->active, &p->active_bytes,
+                    &p->segments, &p->reserved_bytes}) {
+      s->reset_peak();
+    }
+  }
+  impl_->st.device_bytes.reset_peak();
+}
+
+void caching_allocator::reset_accumulated_stats() {
+  std::lock_guard lock(impl_->mutex);
+  for (pool_stats* p : {&impl_->st.small, &impl_->st.large, &impl_->st.all}) {
+    for (stat* s : {&p->allocations, &p->allocated_bytes, &p->requested_bytes, &p->active, &p->active_bytes,
+                    &p->segments, &p->reserved_bytes}) {
+      s->reset_accumulated();
+    }
+  }
+  impl_->st.device_bytes.reset_accumulated();
+  impl_->st.num_alloc_retries = impl_->st.num_ooms = 0;
+  impl_->st.num_device_alloc = impl_->st.num_device_free = impl_->st.num_host_waits = 0;
+}
+
+bool caching_allocator::owns(const void* ptr) const noexcept {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->owner_locked(reinterpret_cast<device_ptr>(ptr)) != nullptr;
+}
+
+std::pair<void*, std::size_t> caching_allocator::block_of(const void* ptr) const noexcept {
+  const auto p = reinterpret_cast<device_ptr>(ptr);
+  std::lock_guard lock(impl_->mutex);
+  const segment* seg = impl_->owner_locked(p);
+  if (!seg) return {nullptr, 0};
+  if (!seg->slab) return {reinterpret_cast<void*>(seg->va), seg->bytes};
+  const std::size_t b = (p - seg->va) / seg->block;
+  if (b >= seg->nblocks) return {nullptr, 0};
+  return {reinterpret_cast<void*>(seg->va + b * seg->block), seg->block};
+}
+
+std::size_t caching_allocator::largest_free_block() const {
+  std::lock_guard lock(impl_->mutex);
+  const impl& m = *impl_;
+  std::size_t largest = 0;
+  for (const segment* s = m.idle.head; s; s = s->idle_hook.next) {
+    if (!s->slab) largest = std::max(largest, s->bytes);
+  }
+  const std::size_t pooled = m.idle_pages.size() * m.gran;
+  std::size_t headroom = 0;
+  if (m.options.budget) {
+    const auto held = static_cast<std::size_t>(m.st.device_bytes.current);
+    headroom = (m.options.budget > held ? m.options.budget - held : 0) + pooled;
+  } else {
+    headroom = m.port.free_memory() + pooled;
+  }
+  return std::max(largest, headroom);
+}
+
+std::size_t caching_allocator::budget() const noexcept {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->options.budget;
+}
+
+void caching_allocator::set_budget(std::size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->options.budget = bytes;
+  impl_->st.budget = bytes;
+}
+
+driver& caching_allocator::port() const noexcept { return impl_->port; }
+
+void caching_allocator::verify() const {
+  std::lock_guard lock(impl_->mutex);
+  const impl& m = *impl_;
+  auto fail = [](const std::string& what) { throw error("layerswap: allocator invariant violated: " + what); };
+  std::int64_t mapped_small = 0, mapped_large = 0, alloc_small = 0, alloc_large = 0, req = 0, live_count = 0;
+  std::int64_t pending_blocks = 0;
+  std::vector<std::pair<device_ptr, device_ptr>> ranges;
+  for (const segment* s : m.segments) {
+    if (s->bytes != s->npages() * m.gran || s->bytes == 0) fail("segment size does not match its pages");
+    for (std::size_t i = 0; i < s->npages(); ++i) {
+      if (m.owner_locked(s->va + i * m.gran) != s) fail("owner table does not point at its segment");
+    }
+    ranges.emplace_back(s->va, s->va + s->bytes);
+    if (s->slab) {
+      mapped_small += static_cast<std::int64_t>(s->bytes);
+      std::vector<bool> is_free(s->nblocks, false);
+      std::uint32_t nfree = 0;
+      for (std::uint32_t b = s->free_head; b != k_none; b = s->next_free[b]) {
+        if (b >= s->nblocks || is_free[b]) fail("slab free list is corrupt");
+        if (s->requested_of[b] != 0) fail("a free slab block still has a requested size");
+        is_free[b] = true;
+        ++nfree;
+      }
+      if (nfree + s->used != s->nblocks) fail("slab used count does not match its free list");
+      if (s->nblocks * s->block > s->bytes) fail("slab blocks overflow the slab");
+      for (std::uint32_t b = 0; b < s->nblocks; ++b) {
+        if (s->requested_of[b]) {
+          alloc_small += static_cast<std::int64_t>(s->block);
+          req += static_cast<std::int64_t>(s->requested_of[b]);
+          ++live_count;
+          if (s->requested_of[b] > s->block) fail("a slab block is smaller than its request");
+        }
+      }
+      if (s->idle_hook.linked != (s->used == 0)) fail("slab idle-list membership is wrong");
+      if (s->pool_hook.linked != (s->used < s->nblocks)) fail("slab partial-list membership is wrong");
+    } else {
+      mapped_large += static_cast<std::int64_t>(s->bytes);
+      if (s->live) {
+        alloc_large += static_cast<std::int64_t>(s->bytes);
+        req += static_cast<std::int64_t>(s->requested);
+        ++live_count;
+        if (s->requested > s->bytes) fail("a large segment is smaller than its request");
+      }
+      const bool pending = std::any_of(m.pending.begin(), m.pending.end(), [&](const pending_free& p) { return p.seg == s; });
+      if (pending) ++pending_blocks;
+      if (s->idle_hook.linked != (!s->live && !pending)) fail("large idle-list membership is wrong");
+    }
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (std::size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second) fail("two segments overlap");
+  }
+  const std::int64_t held = mapped_small + mapped_large + static_cast<std::int64_t>(m.idle_pages.size() * m.gran);
+  if (held != m.st.device_bytes.current) fail("device bytes held do not add up");
+  if (m.options.budget && static_cast<std::size_t>(held) > m.options.budget) fail("the budget was exceeded");
+  if (mapped_small != m.st.small.reserved_bytes.current) fail("small reserved bytes do not add up");
+  if (held - mapped_small != m.st.large.reserved_bytes.current) fail("large reserved bytes do not add up");
+  if (alloc_small != m.st.small.allocated_bytes.current || alloc_large != m.st.large.allocated_bytes.current) {
+    fail("allocated bytes do not add up");
+  }
+  if (req != m.st.small.requested_bytes.current + m.st.large.requested_bytes.current) fail("requested bytes do not add up");
+  if (live_count != m.st.small.allocations.current + m.st.large.allocations.current) fail("allocation count does not add up");
+  if (m.st.small.segments.current + m.st.large.segments.current != static_cast<std::int64_t>(m.segments.size())) {
+    fail("segment count does not add up");
+  }
+  if (m.st.all.allocated_bytes.current != alloc_small + alloc_large || m.st.all.reserved_bytes.current != held ||
+      m.st.all.allocations.current != live_count || m.st.all.segments.current != static_cast<std::int64_t>(m.segments.size())) {
+    fail("aggregate statistics do not add up");
+  }
+  if (m.st.all.allocated_bytes.peak < m.st.all.allocated_bytes.current || m.st.all.reserved_bytes.peak > m.st.device_bytes.peak) {
+    fail("aggregate peaks are inconsistent");
+  }
+  (void)pending_blocks;
+}
+
+}  // namespace layerswap

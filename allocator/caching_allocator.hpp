@@ -1,0 +1,96 @@
+// A caching device allocator on CUDA virtual memory (one per device). See caching_allocator.cpp for the
+// algorithm and the notes on its invariants.
+//
+// Stream contract (as PyTorch's): memory returned by allocate(bytes, S) may be used at once by work
+// enqueued on S. After deallocate(), the block is reused on S at once (stream order keeps it safe), and on
+// any other stream, or unmapped, only after the work that S (and every stream given to record_stream) had
+// enqueued by then has completed. Nothing on the allocate/deallocate path synchronizes the device; a host
+// wait on one stream's event happens only when memory must move between streams or back to the driver
+// (cache reclaim under the budget, empty_cache()).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "runtime/driver.hpp"
+#include "runtime/stats.hpp"
+
+namespace layerswap {
+
+struct allocator_options {
+  std::size_t budget = 0;                         // cap on device memory held, bytes; 0 = no cap
+  std::size_t va_reserve = std::size_t{1} << 40;  // virtual address space per arena
+  std::size_t small_max = std::size_t{1} << 20;   // requests up to this are packed into slabs
+};
+
+// Statistics of one pool: `small` holds slab-packed blocks, `large` the allocations with their own region.
+struct pool_stats {
+  stat allocations;      // live allocations (count)
+  stat allocated_bytes;  // bytes of live blocks (rounded sizes)
+  stat requested_bytes;  // bytes asked for by live allocations
+  stat active;           // live allocations plus frees waiting on other streams (count)
+  stat active_bytes;
+  stat segments;         // regions (large) or slabs (small) in existence (count)
+  stat reserved_bytes;   // physical bytes mapped into those segments; pooled free pages count as large
+};
+
+struct allocator_stats {
+  int device = 0;
+  std::size_t budget = 0;             // 0 = no cap
+  std::size_t granularity = 0;
+  pool_stats small;
+  pool_stats large;
+  pool_stats all;                     // both pools together (its peaks are true peaks of the sum)
+  stat device_bytes;                  // all physical device memory held (mapped + pooled); <= budget
+  std::int64_t cached_bytes = 0;      // held but not in a live allocation
+  std::int64_t num_alloc_retries = 0; // allocations that had to reclaim cached memory first
+  std::int64_t num_ooms = 0;
+  std::int64_t num_device_alloc = 0;  // physical pages created
+  std::int64_t num_device_free = 0;   // physical pages released to the driver
+  std::int64_t num_host_waits = 0;    // times the allocator waited for a stream's event
+  std::int64_t num_foreign_frees = 0; // deallocate() of pointers this allocator does not own
+};
+
+class caching_allocator {
+ public:
+  caching_allocator(driver& port, allocator_options options);
+  ~caching_allocator();
+  caching_allocator(const caching_allocator&) = delete;
+  caching_allocator& operator=(const caching_allocator&) = delete;
+
+  // Memory for `bytes` (>= 1) usable on `stream`. Throws out_of_memory (budget or device exhausted after
+  // reclaiming the cache); the message names the budget, the largest holders and what to change.
+  [[nodiscard]] void* allocate(std::size_t bytes, stream_handle stream);
+  // Returns a block; false (and counted) when `ptr` is not one of ours. Never throws.
+  bool deallocate(void* ptr) noexcept;
+  // `ptr` is also used by work on `stream`: its reuse waits for that work too (Tensor.record_stream).
+  void record_stream(void* ptr, stream_handle stream);
+  // Returns every cached block and pooled page to the driver (waits for the streams that used them).
+  void empty_cache();
+
+  [[nodiscard]] allocator_stats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+
+  [[nodiscard]] bool owns(const void* ptr) const noexcept;
+  // Start and size of the block holding `ptr` (the allocation it belongs to); {nullptr, 0} if not ours.
+  [[nodiscard]] std::pair<void*, std::size_t> block_of(const void* ptr) const noexcept;
+  // The largest request that could be served now without reclaiming or exceeding the budget.
+  [[nodiscard]] std::size_t largest_free_block() const;
+  [[nodiscard]] std::size_t budget() const noexcept;
+  void set_budget(std::size_t bytes);
+  [[nodiscard]] driver& port() const noexcept;
+
+  // Checks every internal invariant (no overlapping blocks, accounting, budget, owner table) and throws
+  // layerswap::error describing the first violation. For tests; takes the lock.
+  void verify() const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace layerswap

@@ -1,0 +1,161 @@
+// Process-wide state: the configuration and one allocator per device (see registry.hpp).
+#include "allocator/registry.hpp"
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+
+#include "runtime/cuda_driver.hpp"
+#include "runtime/error.hpp"
+#include "runtime/log.hpp"
+
+namespace layerswap {
+
+namespace {
+
+constexpr int k_max_devices = 64;
+
+struct registry_state {
+  std::mutex mutex;
+  std::optional<config> cfg;
+  std::vector<std::pair<std::string, std::string>> overrides;
+  std::array<std::atomic<caching_allocator*>, k_max_devices> allocators{};
+  std::array<driver*, k_max_devices> ports{};
+  std::atomic<int> created{0};
+  bool exit_hook = false;
+};
+
+// Never destroyed: allocators must outlive every static destructor that might still free memory.
+registry_state& state() {
+  static auto* s = new registry_state();
+  return *s;
+}
+
+config parse_locked(registry_state& s) {
+  auto vars = environment_settings();
+  vars.insert(vars.end(), s.overrides.begin(), s.overrides.end());
+  return parse_config(vars);
+}
+
+void apply_locked(registry_state& s, config c) {
+  set_log_level(c.log);
+  for (const std::string& u : c.unknown) LAYERSWAP_LOG(warn, "%s", u.c_str());
+  s.cfg = std::move(c);
+}
+
+void print_stats_at_exit() {
+  const std::string report = stats_report();
+  std::fprintf(stderr, "%s", report.c_str());
+}
+
+}  // namespace
+
+const config& global_config() {
+  registry_state& s = state();
+  std::lock_guard lock(s.mutex);
+  if (!s.cfg) apply_locked(s, parse_locked(s));
+  return *s.cfg;
+}
+
+void configure(std::span<const std::pair<std::string, std::string>> overrides) {
+  registry_state& s = state();
+  std::lock_guard lock(s.mutex);
+  auto saved = s.overrides;
+  s.overrides.assign(overrides.begin(), overrides.end());
+  config c;
+  try {
+    c = parse_locked(s);
+  } catch (...) {
+    s.overrides = std::move(saved);
+    throw;
+  }
+  if (s.created.load() > 0 && s.cfg) {
+    const bool same = c.budget.how == s.cfg->budget.how && c.budget.value == s.cfg->budget.value &&
+                      c.va_reserve == s.cfg->va_reserve;
+    if (!same) {
+      s.overrides = std::move(saved);
+      throw error("layerswap: settings cannot change after layerswap has handed out memory (budget " +
+                  s.cfg->budget.to_string() + " is in force); set them before the first CUDA allocation");
+    }
+  }
+  apply_locked(s, std::move(c));
+}
+
+caching_allocator& allocator_for(int device) {
+  registry_state& s = state();
+  if (device < 0 || device >= k_max_devices) {
+    throw error("layerswap: device index " + std::to_string(device) + " is out of range");
+  }
+  if (caching_allocator* a = s.allocators[device].load(std::memory_order_acquire)) return *a;
+  const config& cfg = global_config();
+  std::lock_guard lock(s.mutex);
+  if (caching_allocator* a = s.allocators[device].load(std::memory_order_acquire)) return *a;
+  std::unique_ptr<driver> port = make_cuda_driver(device);
+  allocator_options opts;
+  const std::size_t total = port->total_memory();
+  opts.budget = cfg.budget.resolve(total);
+  opts.va_reserve = cfg.va_reserve;
+  auto* alloc = new caching_allocator(*port, opts);
+  LAYERSWAP_LOG(info, "device %d: allocator ready (budget %s of %s)", device,
+                opts.budget ? format_bytes(opts.budget).c_str() : "none", format_bytes(total).c_str());
+  s.ports[device] = port.release();  // lives as long as the allocator: forever
+  s.allocators[device].store(alloc, std::memory_order_release);
+  s.created.fetch_add(1);
+  if (cfg.stats && !s.exit_hook) {
+    s.exit_hook = true;
+    std::atexit(print_stats_at_exit);
+  }
+  return *alloc;
+}
+
+caching_allocator* owner_of(const void* ptr) noexcept {
+  registry_state& s = state();
+  if (s.created.load(std::memory_order_acquire) == 0) return nullptr;
+  for (auto& slot : s.allocators) {
+    caching_allocator* a = slot.load(std::memory_order_acquire);
+    if (a && a->owns(ptr)) return a;
+  }
+  return nullptr;
+}
+
+std::vector<caching_allocator*> allocators() noexcept {
+  std::vector<caching_allocator*> out;
+  registry_state& s = state();
+  for (auto& slot : s.allocators) {
+    if (caching_allocator* a = slot.load(std::memory_order_acquire)) out.push_back(a);
+  }
+  return out;
+}
+
+bool gpu_available() noexcept { return cuda_device_count() > 0; }
+
+std::string stats_report() {
+  std::string out;
+  for (caching_allocator* a : allocators()) {
+    const allocator_stats st = a->stats();
+    const pool_stats& t = st.all;
+    char line[768];
+    std::snprintf(line, sizeof line,
+                  "layerswap: device %d: budget %s; device memory held %s (peak %s); allocated %s (peak %s) in %lld "
+                  "allocations; %lld segments; cached %s; pages created %lld, released %lld; reclaim retries %lld, "
+                  "host waits %lld, OOMs %lld\n",
+                  st.device, st.budget ? format_bytes(st.budget).c_str() : "none",
+                  format_bytes(static_cast<std::uint64_t>(st.device_bytes.current)).c_str(),
+                  format_bytes(static_cast<std::uint64_t>(st.device_bytes.peak)).c_str(),
+                  format_bytes(static_cast<std::uint64_t>(t.allocated_bytes.current)).c_str(),
+                  format_bytes(static_cast<std::uint64_t>(t.allocated_bytes.peak)).c_str(),
+                  static_cast<long long>(t.allocations.current), static_cast<long long>(t.segments.current),
+                  format_bytes(static_cast<std::uint64_t>(st.cached_bytes)).c_str(),
+                  static_cast<long long>(st.num_device_alloc), static_cast<long long>(st.num_device_free),
+                  static_cast<long long>(st.num_alloc_retries), static_cast<long long>(st.num_host_waits),
+                  static_cast<long long>(st.num_ooms));
+    out += line;
+  }
+  if (out.empty()) out = "layerswap: no device memory was allocated through layerswap\n";
+  return out;
+}
+
+}  // namespace layerswap

@@ -1,0 +1,125 @@
+// layerswap._C: the pybind11 module behind the Python package (bindings/python/layerswap). It exposes the
+// configuration, installation into PyTorch, statistics, and a micro-benchmark hook. Settings errors become
+// ValueError; other layerswap errors RuntimeError.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "allocator/registry.hpp"
+#include "bindings/torch_allocator.hpp"
+#include "runtime/error.hpp"
+
+namespace py = pybind11;
+using namespace layerswap;
+
+namespace {
+
+std::vector<std::pair<std::string, std::string>> to_pairs(const std::map<std::string, std::string>& m) {
+  return {m.begin(), m.end()};
+}
+
+py::dict stat_dict(const layerswap::stat& s) {
+  py::dict d;
+  d["current"] = s.current;
+  d["peak"] = s.peak;
+  d["allocated"] = s.allocated;
+  d["freed"] = s.freed;
+  return d;
+}
+
+py::dict stats_dict(const allocator_stats& s) {
+  py::dict d;
+  d["device"] = s.device;
+  d["budget"] = s.budget;
+  d["granularity"] = s.granularity;
+  d["device_bytes"] = stat_dict(s.device_bytes);
+  d["allocated_bytes"] = stat_dict(s.all.allocated_bytes);
+  d["requested_bytes"] = stat_dict(s.all.requested_bytes);
+  d["reserved_bytes"] = stat_dict(s.all.reserved_bytes);
+  d["active_bytes"] = stat_dict(s.all.active_bytes);
+  d["allocations"] = stat_dict(s.all.allocations);
+  d["segments"] = stat_dict(s.all.segments);
+  d["small_pool_reserved_bytes"] = stat_dict(s.small.reserved_bytes);
+  d["large_pool_reserved_bytes"] = stat_dict(s.large.reserved_bytes);
+  d["cached_bytes"] = s.cached_bytes;
+  d["num_alloc_retries"] = s.num_alloc_retries;
+  d["num_ooms"] = s.num_ooms;
+  d["num_device_alloc"] = s.num_device_alloc;
+  d["num_device_free"] = s.num_device_free;
+  d["num_host_waits"] = s.num_host_waits;
+  d["num_foreign_frees"] = s.num_foreign_frees;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "layerswap native module: VMM caching allocator for PyTorch";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const config_error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const out_of_memory& e) {
+      PyErr_SetString(PyExc_MemoryError, e.what());
+    }
+  });
+
+  m.def("configure", [](const std::map<std::string, std::string>& overrides) {
+    auto pairs = to_pairs(overrides);
+    configure(pairs);
+  }, py::arg("overrides"), "Apply settings (full LAYERSWAP_* names) over the environment.");
+
+  m.def("check_settings", [](const std::map<std::string, std::string>& overrides) {
+    auto vars = environment_settings();
+    for (auto& kv : overrides) vars.emplace_back(kv.first, kv.second);
+    return parse_config(vars).describe();
+  }, py::arg("overrides"), "Parse the environment plus overrides without applying them; returns the description.");
+
+  m.def("install", [] {
+    py::gil_scoped_release release;
+    torch_binding::install();
+  }, "Make layerswap PyTorch's CUDA allocator.");
+  m.def("is_installed", [] { return torch_binding::installed(); });
+  m.def("native_allocator_initialized", [] { return torch_binding::native_initialized(); });
+  m.def("gpu_available", [] { return gpu_available(); });
+
+  m.def("config", [] {
+    const config& c = global_config();
+    std::map<std::string, std::string> out;
+    out["LAYERSWAP"] = c.enabled ? "1" : "0";
+    out["LAYERSWAP_BUDGET"] = c.budget.is_set() ? c.budget.to_string() : "none";
+    out["LAYERSWAP_LOG"] = c.log == log_level::debug ? "debug" : c.log == log_level::info ? "info" : "warn";
+    out["LAYERSWAP_STATS"] = c.stats ? "1" : "0";
+    out["LAYERSWAP_VA_RESERVE"] = format_bytes(c.va_reserve);
+    return out;
+  }, "The settings in force, by variable name.");
+  m.def("describe_config", [] { return global_config().describe(); });
+  m.def("unknown_settings", [] { return global_config().unknown; });
+  m.def("settings_table", [] {
+    std::vector<std::tuple<std::string, std::string, std::string, std::string>> rows;
+    for (const setting_info& s : settings_table()) rows.emplace_back(s.name, s.default_value, s.accepted, s.help);
+    return rows;
+  });
+
+  m.def("stats", [] {
+    py::list out;
+    for (caching_allocator* a : allocators()) out.append(stats_dict(a->stats()));
+    return out;
+  }, "Statistics of every device allocator created so far.");
+  m.def("stats_report", [] { return stats_report(); });
+  m.def("empty_cache", [] {
+    py::gil_scoped_release release;
+    for (caching_allocator* a : allocators()) a->empty_cache();
+  });
+
+  m.def("bench_alloc_free", [](std::size_t nbytes, int iters) {
+    return torch_binding::bench_alloc_free(nbytes, iters);
+  }, py::arg("nbytes"), py::arg("iters"),
+        "Median microseconds of one alloc+free pair through PyTorch's current CUDA allocator.");
+}

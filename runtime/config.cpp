@@ -1,0 +1,479 @@
+// The settings table and its parser. parse_config() first folds the NAME=VALUE pairs so the last value of each
+// name wins (the environment, then enable()'s overrides), then checks each table row's final value once, in
+// table order, throwing config_error on the first bad one. Names that start with LAYERSWAP but are not in the
+// table are collected as ready-to-print messages with the closest known name. Sizes are parsed by hand (no
+// strtod: it would accept "inf", "nan", hex and the locale's decimal point) with exact integer arithmetic, so
+// "0.29KB" is 290 bytes and not 289. Nothing here is on a hot path.
+#include "runtime/config.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <optional>
+
+#include "runtime/error.hpp"
+
+extern char** environ;
+
+namespace layerswap {
+
+namespace {
+
+// Rows of the table, in table order.
+enum row : std::size_t { row_enable, row_budget, row_log, row_stats, row_va_reserve, row_count };
+
+constexpr setting_info k_settings[row_count] = {
+    {"LAYERSWAP", "0", "0 or 1 (also true/false, on/off, yes/no)",
+     "Turn layerswap on with no budget (LAYERSWAP_BUDGET also turns it on; an explicit LAYERSWAP=0 keeps it off "
+     "even then)"},
+    {"LAYERSWAP_BUDGET", "none",
+     "a size such as 6GiB, 6144MiB, 1.5G, 1073741824 (bytes), or a percentage of device memory such as 75%; "
+     "none for no cap",
+     "Cap on the device memory layerswap holds (setting it turns layerswap on)"},
+    {"LAYERSWAP_LOG", "warn", "warn, info or debug", "How much layerswap writes to stderr"},
+    {"LAYERSWAP_STATS", "0", "0 or 1 (also true/false, on/off, yes/no)",
+     "Print allocator statistics to stderr at exit"},
+    {"LAYERSWAP_VA_RESERVE", "1TiB", "a size such as 1TiB or 256GiB (at least 2MiB)",
+     "Virtual address space reserved per arena (grows by further arenas when used up)"},
+};
+
+constexpr std::string_view k_prefix = "LAYERSWAP";
+constexpr std::uint64_t k_max_bytes = std::uint64_t{1} << 63;
+constexpr std::uint64_t k_va_granularity = std::uint64_t{2} << 20;  // the VMM granularity, 2 MiB
+
+// Used when parse_size() is called for a name that is not in the table.
+constexpr std::string_view k_generic_size = "a size such as 6GiB, 6144MiB, 1.5G or 1073741824 (bytes)";
+constexpr std::string_view k_generic_size_or_percent =
+    "a size such as 6GiB, 6144MiB, 1.5G, 1073741824 (bytes), or a percentage of device memory such as 75%";
+
+constexpr std::string_view k_spaces = " \t\n\r\f\v";
+
+std::string_view trim(std::string_view s) noexcept {
+  const auto first = s.find_first_not_of(k_spaces);
+  if (first == std::string_view::npos) return {};
+  const auto last = s.find_last_not_of(k_spaces);
+  return s.substr(first, last - first + 1);
+}
+
+char to_upper(char c) noexcept { return (c >= 'a' && c <= 'z') ? static_cast<char>(c - 'a' + 'A') : c; }
+bool is_digit(char c) noexcept { return c >= '0' && c <= '9'; }
+
+bool iequals(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (to_upper(a[i]) != to_upper(b[i])) return false;
+  }
+  return true;
+}
+
+std::string upper(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = to_upper(c);
+  return out;
+}
+
+// The value as it appears in messages: in double quotes, with quotes, backslashes and control bytes escaped.
+std::string quoted(std::string_view value) {
+  std::string out = "\"";
+  for (const char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", u);
+      out += hex;
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+  return out;
+}
+
+const setting_info* find_row(std::string_view name) noexcept {
+  for (const auto& info : k_settings) {
+    if (name == info.name) return &info;
+  }
+  return nullptr;
+}
+
+// NAME="value" <problem>: use <accepted forms>
+[[noreturn]] void reject(std::string_view name, std::string_view value, std::string_view problem,
+                         std::string_view accepted) {
+  std::string message(name);
+  message += '=';
+  message += quoted(value);
+  message += ' ';
+  message += problem;
+  message += ": use ";
+  message += accepted;
+  throw config_error(message);
+}
+
+std::string_view size_accepted(std::string_view name, bool allow_percent) noexcept {
+  if (const auto* info = find_row(name)) return info->accepted;
+  return allow_percent ? k_generic_size_or_percent : k_generic_size;
+}
+
+struct unit {
+  std::string_view suffix;  // upper case
+  std::uint64_t multiplier;
+};
+
+constexpr std::uint64_t k_kib = std::uint64_t{1} << 10;
+constexpr std::uint64_t k_mib = std::uint64_t{1} << 20;
+constexpr std::uint64_t k_gib = std::uint64_t{1} << 30;
+constexpr std::uint64_t k_tib = std::uint64_t{1} << 40;
+
+constexpr unit k_units[] = {
+    {"", 1},          {"B", 1},
+    {"K", k_kib},     {"KIB", k_kib},     {"KB", 1'000},
+    {"M", k_mib},     {"MIB", k_mib},     {"MB", 1'000'000},
+    {"G", k_gib},     {"GIB", k_gib},     {"GB", 1'000'000'000},
+    {"T", k_tib},     {"TIB", k_tib},     {"TB", 1'000'000'000'000},
+};
+
+std::optional<std::uint64_t> unit_multiplier(std::string_view suffix) noexcept {
+  for (const auto& u : k_units) {
+    if (iequals(suffix, u.suffix)) return u.multiplier;
+  }
+  return std::nullopt;
+}
+
+// A non-negative decimal "123", "1.5", ".5" or "2.": the whole part (saturating; `whole_overflow` when it
+// does not fit), and the fraction as fraction_numerator / fraction_denominator with at most 18 digits kept
+// (the dropped digits only ever round down, which is what sizes do anyway).
+struct decimal {
+  std::uint64_t whole = 0;
+  bool whole_overflow = false;
+  std::uint64_t fraction_numerator = 0;
+  std::uint64_t fraction_denominator = 1;
+};
+
+// Parses a decimal at the start of `s`; returns the number of characters used, 0 when there is no digit.
+std::size_t parse_decimal(std::string_view s, decimal& out) noexcept {
+  std::size_t i = 0;
+  std::size_t digits = 0;
+  for (; i < s.size() && is_digit(s[i]); ++i, ++digits) {
+    const auto d = static_cast<std::uint64_t>(s[i] - '0');
+    if (out.whole > (std::numeric_limits<std::uint64_t>::max() - d) / 10) {
+      out.whole_overflow = true;
+    } else if (!out.whole_overflow) {
+      out.whole = out.whole * 10 + d;
+    }
+  }
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    std::size_t kept = 0;
+    for (; i < s.size() && is_digit(s[i]); ++i, ++digits) {
+      if (kept < 18) {
+        out.fraction_numerator = out.fraction_numerator * 10 + static_cast<std::uint64_t>(s[i] - '0');
+        out.fraction_denominator *= 10;
+        ++kept;
+      }
+    }
+  }
+  return digits == 0 ? 0 : i;
+}
+
+bool parse_bool(std::string_view name, std::string_view value) {
+  const auto v = trim(value);
+  for (const auto* yes : {"1", "true", "on", "yes"}) {
+    if (iequals(v, yes)) return true;
+  }
+  for (const auto* no : {"0", "false", "off", "no"}) {
+    if (iequals(v, no)) return false;
+  }
+  reject(name, value, "is not 0 or 1", find_row(name)->accepted);
+}
+
+log_level parse_log_level(std::string_view name, std::string_view value) {
+  const auto v = trim(value);
+  if (iequals(v, "warn")) return log_level::warn;
+  if (iequals(v, "info")) return log_level::info;
+  if (iequals(v, "debug")) return log_level::debug;
+  reject(name, value, "is not a log level", find_row(name)->accepted);
+}
+
+const char* log_level_name(log_level level) noexcept {
+  switch (level) {
+    case log_level::info: return "info";
+    case log_level::debug: return "debug";
+    case log_level::warn: break;
+  }
+  return "warn";
+}
+
+// "6GiB" when a binary unit divides exactly, else "1GB" for a decimal one, else "1234567B".
+std::string format_size(std::uint64_t bytes) {
+  static constexpr unit k_exact[] = {
+      {"TiB", k_tib}, {"GiB", k_gib}, {"MiB", k_mib}, {"KiB", k_kib},
+      {"TB", 1'000'000'000'000}, {"GB", 1'000'000'000}, {"MB", 1'000'000}, {"KB", 1'000},
+  };
+  for (const auto& u : k_exact) {
+    if (bytes != 0 && bytes % u.multiplier == 0) return std::to_string(bytes / u.multiplier) + std::string(u.suffix);
+  }
+  return std::to_string(bytes) + "B";
+}
+
+// Optimal string alignment distance (Levenshtein plus adjacent transpositions, so "BUGDET" is one edit from
+// "BUDGET"), on upper-cased strings.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> before(b.size() + 1), previous(b.size() + 1), current(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) previous[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    current[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      current[j] = std::min({previous[j] + 1, current[j - 1] + 1, previous[j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        current[j] = std::min(current[j], before[j - 2] + 1);
+      }
+    }
+    std::swap(before, previous);
+    std::swap(previous, current);
+  }
+  return previous[b.size()];
+}
+
+}  // namespace
+
+std::span<const setting_info> settings_table() noexcept { return k_settings; }
+
+// ---- sizes ----
+
+size_setting parse_size(std::string_view name, std::string_view value, bool allow_percent) {
+  const auto accepted = size_accepted(name, allow_percent);
+  const auto text = trim(value);
+  if (text.empty()) reject(name, value, "is empty", accepted);
+  if (text.front() == '-') reject(name, value, "is negative", accepted);
+
+  decimal number;
+  const std::size_t used = parse_decimal(text, number);
+  if (used == 0) reject(name, value, "is not a size", accepted);
+  const auto suffix = trim(text.substr(used));
+
+  if (suffix == "%") {
+    if (!allow_percent) reject(name, value, "is a percentage, which is not accepted here", accepted);
+    if (number.whole_overflow || number.whole > 100 ||
+        (number.whole == 100 && number.fraction_numerator != 0)) {
+      reject(name, value, "is more than 100%", accepted);
+    }
+    if (number.whole == 0 && number.fraction_numerator == 0) {
+      reject(name, value, "is zero", accepted);
+    }
+    const double percent = static_cast<double>(number.whole) + static_cast<double>(number.fraction_numerator) /
+                                                                    static_cast<double>(number.fraction_denominator);
+    return size_setting{size_setting::kind::percent, percent};
+  }
+
+  const auto multiplier = unit_multiplier(suffix);
+  if (!multiplier) reject(name, value, "is not a size", accepted);
+
+  const auto too_large = [&] { reject(name, value, "is too large (more than 8 EiB)", accepted); };
+  if (number.whole_overflow || number.whole > k_max_bytes / *multiplier) too_large();
+  __extension__ using u128 = unsigned __int128;
+  const u128 fraction_bytes = static_cast<u128>(number.fraction_numerator) * *multiplier / number.fraction_denominator;
+  const u128 bytes = static_cast<u128>(number.whole) * *multiplier + fraction_bytes;
+  if (bytes > k_max_bytes) too_large();
+  if (bytes == 0) {
+    const bool budget = name == k_settings[row_budget].name;
+    const bool fraction = number.fraction_numerator != 0;
+    reject(name, value,
+           budget ? (fraction ? "is less than one byte (use none for no cap)" : "is zero (use none for no cap)")
+                  : (fraction ? "is less than one byte" : "is zero"),
+           accepted);
+  }
+  return size_setting{size_setting::kind::bytes, static_cast<double>(static_cast<std::uint64_t>(bytes))};
+}
+
+std::size_t size_setting::resolve(std::size_t device_total) const noexcept {
+  switch (how) {
+    case kind::unset: return 0;
+    case kind::bytes: return static_cast<std::size_t>(value);
+    case kind::percent: {
+      const long double bytes =
+          std::floor(static_cast<long double>(device_total) * static_cast<long double>(value) / 100.0L);
+      if (bytes <= 0) return 0;
+      if (bytes >= static_cast<long double>(device_total)) return device_total;
+      return static_cast<std::size_t>(bytes);
+    }
+  }
+  return 0;
+}
+
+std::string size_setting::to_string() const {
+  switch (how) {
+    case kind::unset: return "none";
+    case kind::bytes: return format_size(static_cast<std::uint64_t>(value));
+    case kind::percent: {
+      char text[64];
+      std::snprintf(text, sizeof text, "%.15g%%", value);
+      return text;
+    }
+  }
+  return "none";
+}
+
+std::string format_bytes(std::uint64_t bytes) {
+  char text[64];
+  if (bytes < 1024) {
+    std::snprintf(text, sizeof text, "%llu B", static_cast<unsigned long long>(bytes));
+    return text;
+  }
+  static constexpr const char* k_names[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double scaled = static_cast<double>(bytes) / 1024.0;
+  std::size_t index = 0;
+  // Move up a unit also when rounding to two decimals would print "1024.00".
+  while (index + 1 < std::size(k_names) && scaled >= 1023.995) {
+    scaled /= 1024.0;
+    ++index;
+  }
+  std::snprintf(text, sizeof text, "%.2f %s", scaled, k_names[index]);
+  return text;
+}
+
+// ---- names ----
+
+std::string closest_setting(std::string_view name) {
+  std::string query = upper(trim(name));
+  if (query.compare(0, k_prefix.size(), k_prefix) != 0) query.insert(0, "LAYERSWAP_");
+  // The part after the prefix is what the user typed; the shared prefix must not make any short name look
+  // close ("LAYERSWAP_FOO" is two edits from "LAYERSWAP_LOG" but is no typo of it).
+  std::size_t own = query.size() - k_prefix.size();
+  if (own > 0 && query[k_prefix.size()] == '_') --own;
+  const std::size_t limit = std::min(std::max<std::size_t>(2, query.size() / 4), std::max<std::size_t>(1, own / 2));
+
+  std::string_view best;
+  std::size_t best_distance = limit + 1;
+  for (const auto& info : k_settings) {
+    const std::size_t distance = edit_distance(query, info.name);
+    if (distance < best_distance) {
+      best_distance = distance;
+      best = info.name;
+    }
+  }
+  return std::string(best);
+}
+
+// ---- the configuration ----
+
+bool config::was_given(std::string_view name) const noexcept {
+  for (std::size_t i = 0; i < row_count; ++i) {
+    if (name == k_settings[i].name) return (given >> i) & 1U;
+  }
+  return false;
+}
+
+std::string config::describe() const {
+  std::string out;
+  const auto line = [&](std::size_t index, const std::string& value, std::string_view note) {
+    out += k_settings[index].name;
+    out += '=';
+    out += value;
+    if (((given >> index) & 1U) == 0) out += note;
+    out += '\n';
+  };
+  line(row_enable, enabled ? "1" : "0",
+       enabled ? "  (default; on because LAYERSWAP_BUDGET is set)" : "  (default)");
+  line(row_budget, budget.to_string(), "  (default)");
+  line(row_log, log_level_name(log), "  (default)");
+  line(row_stats, stats ? "1" : "0", "  (default)");
+  line(row_va_reserve, format_size(va_reserve), "  (default)");
+  for (const auto& message : unknown) {
+    out += message;
+    out += '\n';
+  }
+  return out;
+}
+
+config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
+  // Fold: the last value of each name wins. Unknown names keep their first position and their last value.
+  std::optional<std::string_view> values[row_count];
+  std::vector<std::pair<std::string_view, std::string_view>> unknown;
+  for (const auto& var : vars) {
+    const std::string_view name = var.first;
+    const std::string_view value = var.second;
+    if (name.substr(0, k_prefix.size()) != k_prefix) continue;
+    bool known = false;
+    for (std::size_t i = 0; i < row_count; ++i) {
+      if (name == k_settings[i].name) {
+        values[i] = value;
+        known = true;
+        break;
+      }
+    }
+    if (known) continue;
+    const auto same = std::find_if(unknown.begin(), unknown.end(), [&](const auto& u) { return u.first == name; });
+    if (same != unknown.end()) {
+      same->second = value;
+    } else {
+      unknown.emplace_back(name, value);
+    }
+  }
+
+  config result;
+  // Set and non-empty: the value to check; otherwise the default stays.
+  const auto given = [&](std::size_t index) -> std::optional<std::string_view> {
+    if (!values[index] || trim(*values[index]).empty()) return std::nullopt;
+    result.given |= std::uint32_t{1} << index;
+    return values[index];
+  };
+
+  const auto enable = given(row_enable);
+  const bool enable_flag = enable ? parse_bool(k_settings[row_enable].name, *enable) : false;
+
+  if (const auto budget = given(row_budget)) {
+    if (!iequals(trim(*budget), "none")) result.budget = parse_size(k_settings[row_budget].name, *budget, true);
+  }
+  // An explicit LAYERSWAP=0 wins over a budget; without LAYERSWAP, a budget turns layerswap on.
+  result.enabled = enable ? enable_flag : result.budget.is_set();
+
+  if (const auto level = given(row_log)) result.log = parse_log_level(k_settings[row_log].name, *level);
+  if (const auto stats = given(row_stats)) result.stats = parse_bool(k_settings[row_stats].name, *stats);
+
+  if (const auto reserve = given(row_va_reserve)) {
+    const auto* name = k_settings[row_va_reserve].name;
+    const auto size = parse_size(name, *reserve, false);
+    const auto bytes = static_cast<std::uint64_t>(size.value);
+    if (bytes < k_va_granularity) reject(name, *reserve, "is less than 2MiB", k_settings[row_va_reserve].accepted);
+    // Reservations are made in whole VMM granules; 2^63 is a multiple of 2 MiB, so this cannot overflow.
+    result.va_reserve = static_cast<std::size_t>((bytes + k_va_granularity - 1) / k_va_granularity * k_va_granularity);
+  }
+
+  for (const auto& [name, value] : unknown) {
+    std::string message = "unknown setting ";
+    message += name;
+    message += '=';
+    message += value;
+    if (const auto hint = closest_setting(name); !hint.empty()) {
+      message += " (did you mean ";
+      message += hint;
+      message += "?)";
+    }
+    result.unknown.push_back(std::move(message));
+  }
+  return result;
+}
+
+std::vector<std::pair<std::string, std::string>> environment_settings() {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (environ == nullptr) return out;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string_view text(*entry);
+    if (text.substr(0, k_prefix.size()) != k_prefix) continue;
+    const auto equals = text.find('=');
+    if (equals == std::string_view::npos) {
+      out.emplace_back(std::string(text), std::string());
+    } else {
+      out.emplace_back(std::string(text.substr(0, equals)), std::string(text.substr(equals + 1)));
+    }
+  }
+  return out;
+}
+
+}  // namespace layerswap

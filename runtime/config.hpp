@@ -1,0 +1,81 @@
+// The one table of layerswap settings. Every setting is an environment variable LAYERSWAP_<NAME>; the
+// Python `layerswap.enable(budget=..., **settings)` passes the same names in lower case without the
+// prefix. Values are parsed once; a bad value is a config_error naming the variable, the value and the
+// accepted forms; an unknown LAYERSWAP_* name is reported with the closest known one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "runtime/log.hpp"
+
+namespace layerswap {
+
+// One row of the table.
+struct setting_info {
+  const char* name;           // full variable name, e.g. "LAYERSWAP_BUDGET"
+  const char* default_value;  // as a user would write it
+  const char* accepted;       // the accepted forms, quoted in errors
+  const char* help;           // one line for the README and `layerswap config`
+};
+
+[[nodiscard]] std::span<const setting_info> settings_table() noexcept;
+
+// A size that may be relative to the device: "6GiB", "6144MiB", "1.5G", "1073741824", "75%".
+// Binary suffixes K/KiB/M/MiB/G/GiB/T/TiB (1024-based), decimal KB/MB/GB/TB (1000-based), a bare number is
+// bytes. Case-insensitive; spaces around the number are ignored.
+struct size_setting {
+  enum class kind : std::uint8_t { unset, bytes, percent };
+  kind how = kind::unset;
+  double value = 0;  // bytes, or percent in (0, 100]
+
+  [[nodiscard]] bool is_set() const noexcept { return how != kind::unset; }
+  // Bytes for a device with `device_total` bytes; 0 when unset.
+  [[nodiscard]] std::size_t resolve(std::size_t device_total) const noexcept;
+  [[nodiscard]] std::string to_string() const;
+};
+
+struct config {
+  bool enabled = false;          // LAYERSWAP=1, or LAYERSWAP_BUDGET set
+  size_setting budget;           // LAYERSWAP_BUDGET: cap on device memory layerswap holds (unset: no cap)
+  log_level log = log_level::warn;  // LAYERSWAP_LOG
+  bool stats = false;            // LAYERSWAP_STATS: print statistics at exit
+  std::size_t va_reserve = std::size_t{1} << 40;  // LAYERSWAP_VA_RESERVE: virtual address space per arena
+
+  // LAYERSWAP_* names that are not in the table, each with a hint ("did you mean LAYERSWAP_BUDGET?").
+  std::vector<std::string> unknown;
+
+  // Which rows of settings_table() were given a non-empty value: bit i is row i. describe() marks the others
+  // "(default)".
+  std::uint32_t given = 0;
+  [[nodiscard]] bool was_given(std::string_view name) const noexcept;
+
+  // One line per setting, for `layerswap config`: "LAYERSWAP_BUDGET=6GiB", or "LAYERSWAP_LOG=warn  (default)"
+  // for one not given; then the unknown lines.
+  [[nodiscard]] std::string describe() const;
+};
+
+// Parses NAME=VALUE pairs (full LAYERSWAP_* names; later pairs override earlier ones). Throws config_error
+// on the first bad value. Names that do not start with LAYERSWAP are ignored. An empty (or all-space) value
+// counts as unset, so an override of "" restores the default. Only the last value of a name is checked.
+[[nodiscard]] config parse_config(std::span<const std::pair<std::string, std::string>> vars);
+
+// Every LAYERSWAP* variable of the process environment, in environment order.
+[[nodiscard]] std::vector<std::pair<std::string, std::string>> environment_settings();
+
+// Parses one size value; throws config_error naming `name`.
+[[nodiscard]] size_setting parse_size(std::string_view name, std::string_view value, bool allow_percent);
+
+// The closest known name to `name` (edit distance), or "" when nothing is reasonably close. Case-insensitive;
+// a name without the LAYERSWAP_ prefix ("bugdet", as enable() spells settings) is compared as if it had it.
+[[nodiscard]] std::string closest_setting(std::string_view name);
+
+// Human-readable bytes: "6.00 GiB", "512 B".
+[[nodiscard]] std::string format_bytes(std::uint64_t bytes);
+
+}  // namespace layerswap

@@ -1,0 +1,539 @@
+// The real driver port (runtime/cuda_driver.hpp), and the only file of layerswap that includes <cuda.h>.
+//
+// libcuda.so.1 is opened with dlopen on first use; its one versioned export cuGetProcAddress_v2 then resolves
+// every other entry point into a table (Note [Driver entry points]), and cuInit(0) runs once. A process
+// without the NVIDIA driver therefore loads layerswap fine: cuda_device_count() says 0 and make_cuda_driver()
+// throws a cuda_error that says the driver is missing.
+//
+// A cuda_driver speaks for one device through its primary context, the one the CUDA runtime and PyTorch use:
+// it retains it for its lifetime and makes it current around each call (Note [Current context]). Every
+// failing call throws cuda_error naming the call, its arguments and the CUDA error; cuMemCreate running out
+// of memory throws device_out_of_memory, which the allocator catches to reclaim its cache.
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "runtime/config.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/error.hpp"
+#include "runtime/log.hpp"
+
+static_assert(CUDA_VERSION >= 12000, "layerswap's driver port needs the CUDA 12.0 (or newer) headers");
+
+namespace layerswap {
+namespace {
+
+// Note [Driver entry points]
+// cuGetProcAddress hands out the variant of a function that matches a CUDA version's ABI (cuMemGetInfo ->
+// cuMemGetInfo_v2, ...) and, with CU_GET_PROC_ADDRESS_DEFAULT and no per-thread-default-stream macro, the
+// legacy-default-stream variants (not the _ptds/_ptsz ones): the same ones the CUDA runtime and PyTorch use,
+// so that nullptr means the same default stream for them and for us. We ask for the CUDA 12.0 ABI: every
+// function in the table has had the signature our header declares (the decltype types below) since 12.0, and
+// asking for a version newer than the installed driver fails, so 12.0 lets us run on every 12.x and 13.x
+// driver. A function whose ABI changes later must be requested at the version of the change.
+constexpr int k_entry_point_version = 12000;
+
+using get_proc_address_fn = decltype(&::cuGetProcAddress);  // cuGetProcAddress_v2 (cuda.h renames it)
+
+struct entry_points {
+  decltype(&::cuGetErrorName) get_error_name = nullptr;
+  decltype(&::cuGetErrorString) get_error_string = nullptr;
+  decltype(&::cuInit) init = nullptr;
+  decltype(&::cuDeviceGetCount) device_get_count = nullptr;
+  decltype(&::cuDeviceGet) device_get = nullptr;
+  decltype(&::cuDeviceGetName) device_get_name = nullptr;
+  decltype(&::cuDeviceGetAttribute) device_get_attribute = nullptr;
+  decltype(&::cuDeviceTotalMem) device_total_mem = nullptr;
+  decltype(&::cuMemGetInfo) mem_get_info = nullptr;
+  decltype(&::cuDevicePrimaryCtxRetain) primary_ctx_retain = nullptr;
+  decltype(&::cuDevicePrimaryCtxRelease) primary_ctx_release = nullptr;
+  decltype(&::cuCtxGetCurrent) ctx_get_current = nullptr;
+  decltype(&::cuCtxSetCurrent) ctx_set_current = nullptr;
+  decltype(&::cuMemGetAllocationGranularity) mem_get_allocation_granularity = nullptr;
+  decltype(&::cuMemAddressReserve) mem_address_reserve = nullptr;
+  decltype(&::cuMemAddressFree) mem_address_free = nullptr;
+  decltype(&::cuMemCreate) mem_create = nullptr;
+  decltype(&::cuMemRelease) mem_release = nullptr;
+  decltype(&::cuMemMap) mem_map = nullptr;
+  decltype(&::cuMemUnmap) mem_unmap = nullptr;
+  decltype(&::cuMemSetAccess) mem_set_access = nullptr;
+  decltype(&::cuStreamCreate) stream_create = nullptr;
+  decltype(&::cuStreamDestroy) stream_destroy = nullptr;
+  decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
+  decltype(&::cuStreamWaitEvent) stream_wait_event = nullptr;
+  decltype(&::cuEventCreate) event_create = nullptr;
+  decltype(&::cuEventDestroy) event_destroy = nullptr;
+  decltype(&::cuEventRecord) event_record = nullptr;
+  decltype(&::cuEventQuery) event_query = nullptr;
+  decltype(&::cuEventSynchronize) event_synchronize = nullptr;
+  decltype(&::cuMemcpyAsync) memcpy_async = nullptr;
+  decltype(&::cuMemcpyDtoH) memcpy_dtoh = nullptr;
+  decltype(&::cuMemcpyHtoD) memcpy_htod = nullptr;
+};
+
+// libcuda as this process found it: loaded once, never unloaded (other libraries hold it too).
+struct library {
+  bool loaded = false;               // libcuda opened and every entry point resolved
+  int load_error = CUDA_SUCCESS;     // the cuda_error code when !loaded
+  CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
+  std::string problem;               // why !loaded, or why cuInit failed
+  entry_points fn;
+};
+
+std::string strprintf(const char* format, ...) __attribute__((format(printf, 1, 2)));
+std::string strprintf(const char* format, ...) {
+  char small[256];
+  std::va_list args;
+  va_start(args, format);
+  std::va_list again;
+  va_copy(again, args);
+  const int n = std::vsnprintf(small, sizeof small, format, args);
+  va_end(args);
+  std::string out;
+  if (n < 0) {
+    out = format;
+  } else if (static_cast<std::size_t>(n) < sizeof small) {
+    out.assign(small, static_cast<std::size_t>(n));
+  } else {
+    out.resize(static_cast<std::size_t>(n) + 1);
+    std::vsnprintf(out.data(), out.size(), format, again);
+    out.resize(static_cast<std::size_t>(n));
+  }
+  va_end(again);
+  return out;
+}
+
+unsigned long long hex(std::uint64_t value) { return static_cast<unsigned long long>(value); }
+
+template <class Fn>
+bool resolve(get_proc_address_fn get_proc, const char* name, Fn& slot, std::string& problem) {
+  void* address = nullptr;
+  CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  const CUresult r = get_proc(name, &address, k_entry_point_version, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+  if (r != CUDA_SUCCESS || address == nullptr || status != CU_GET_PROC_ADDRESS_SUCCESS) {
+    problem = strprintf(
+        "the NVIDIA driver (libcuda.so.1) offers no %s for CUDA %d.%d (cuGetProcAddress returned %d, symbol status "
+        "%d); layerswap needs a driver for CUDA 12.0 or newer: update the NVIDIA driver",
+        name, k_entry_point_version / 1000, k_entry_point_version % 1000 / 10, static_cast<int>(r),
+        static_cast<int>(status));
+    return false;
+  }
+  slot = reinterpret_cast<Fn>(address);
+  return true;
+}
+
+library load_library() {
+  library lib;
+  lib.load_error = CUDA_ERROR_NOT_INITIALIZED;
+  void* handle = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = ::dlerror();
+    lib.problem = strprintf(
+        "no NVIDIA driver found: dlopen(\"libcuda.so.1\") failed (%s). layerswap needs the NVIDIA driver to use "
+        "a GPU: install it, or make libcuda.so.1 visible to the dynamic loader (LD_LIBRARY_PATH, ldconfig)",
+        why != nullptr ? why : "unknown error");
+    return lib;
+  }
+  auto get_proc = reinterpret_cast<get_proc_address_fn>(::dlsym(handle, "cuGetProcAddress_v2"));
+  if (get_proc == nullptr) {
+    lib.load_error = CUDA_ERROR_NOT_FOUND;
+    lib.problem =
+        "the NVIDIA driver (libcuda.so.1) is too old: it has no cuGetProcAddress_v2. layerswap needs a driver for "
+        "CUDA 12.0 or newer: update the NVIDIA driver";
+    return lib;
+  }
+  entry_points& fn = lib.fn;
+  std::string& p = lib.problem;
+  const bool ok =
+      resolve(get_proc, "cuGetErrorName", fn.get_error_name, p) &&
+      resolve(get_proc, "cuGetErrorString", fn.get_error_string, p) && resolve(get_proc, "cuInit", fn.init, p) &&
+      resolve(get_proc, "cuDeviceGetCount", fn.device_get_count, p) &&
+      resolve(get_proc, "cuDeviceGet", fn.device_get, p) &&
+      resolve(get_proc, "cuDeviceGetName", fn.device_get_name, p) &&
+      resolve(get_proc, "cuDeviceGetAttribute", fn.device_get_attribute, p) &&
+      resolve(get_proc, "cuDeviceTotalMem", fn.device_total_mem, p) &&
+      resolve(get_proc, "cuMemGetInfo", fn.mem_get_info, p) &&
+      resolve(get_proc, "cuDevicePrimaryCtxRetain", fn.primary_ctx_retain, p) &&
+      resolve(get_proc, "cuDevicePrimaryCtxRelease", fn.primary_ctx_release, p) &&
+      resolve(get_proc, "cuCtxGetCurrent", fn.ctx_get_current, p) &&
+      resolve(get_proc, "cuCtxSetCurrent", fn.ctx_set_current, p) &&
+      resolve(get_proc, "cuMemGetAllocationGranularity", fn.mem_get_allocation_granularity, p) &&
+      resolve(get_proc, "cuMemAddressReserve", fn.mem_address_reserve, p) &&
+      resolve(get_proc, "cuMemAddressFree", fn.mem_address_free, p) &&
+      resolve(get_proc, "cuMemCreate", fn.mem_create, p) && resolve(get_proc, "cuMemRelease", fn.mem_release, p) &&
+      resolve(get_proc, "cuMemMap", fn.mem_map, p) && resolve(get_proc, "cuMemUnmap", fn.mem_unmap, p) &&
+      resolve(get_proc, "cuMemSetAccess", fn.mem_set_access, p) &&
+      resolve(get_proc, "cuStreamCreate", fn.stream_create, p) &&
+      resolve(get_proc, "cuStreamDestroy", fn.stream_destroy, p) &&
+      resolve(get_proc, "cuStreamSynchronize", fn.stream_synchronize, p) &&
+      resolve(get_proc, "cuStreamWaitEvent", fn.stream_wait_event, p) &&
+      resolve(get_proc, "cuEventCreate", fn.event_create, p) &&
+      resolve(get_proc, "cuEventDestroy", fn.event_destroy, p) &&
+      resolve(get_proc, "cuEventRecord", fn.event_record, p) && resolve(get_proc, "cuEventQuery", fn.event_query, p) &&
+      resolve(get_proc, "cuEventSynchronize", fn.event_synchronize, p) &&
+      resolve(get_proc, "cuMemcpyAsync", fn.memcpy_async, p) &&
+      resolve(get_proc, "cuMemcpyDtoH", fn.memcpy_dtoh, p) && resolve(get_proc, "cuMemcpyHtoD", fn.memcpy_htod, p);
+  if (!ok) {
+    lib.load_error = CUDA_ERROR_NOT_FOUND;
+    return lib;
+  }
+  lib.loaded = true;
+  lib.load_error = CUDA_SUCCESS;
+  lib.init_result = fn.init(0);
+  return lib;
+}
+
+// Thread-safe: the first caller loads, the others wait (a function-local static).
+const library& cuda_library() {
+  static const library instance = load_library();
+  return instance;
+}
+
+// Only called once cuda_library().loaded.
+const entry_points& api() { return cuda_library().fn; }
+
+// "CUDA_ERROR_INVALID_VALUE (invalid argument)".
+std::string describe(CUresult r) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  const entry_points& fn = api();
+  if (fn.get_error_name == nullptr || fn.get_error_name(r, &name) != CUDA_SUCCESS) name = nullptr;
+  if (fn.get_error_string == nullptr || fn.get_error_string(r, &text) != CUDA_SUCCESS) text = nullptr;
+  if (name == nullptr) return strprintf("CUresult %d", static_cast<int>(r));
+  return strprintf("%s (%s)", name, text != nullptr ? text : "no description");
+}
+
+// Throws cuda_error "<call> failed: <error>" when r is not CUDA_SUCCESS. `call` builds the text lazily, so the
+// success path formats nothing.
+template <class Call>
+void check(CUresult r, Call&& call) {
+  if (r != CUDA_SUCCESS) [[unlikely]] {
+    throw cuda_error(static_cast<int>(r), call() + " failed: " + describe(r));
+  }
+}
+
+// Note [Current context]
+// Most driver calls act on the calling thread's current context: streams and events belong to it, nullptr is
+// its legacy default stream, cuMemGetInfo reports its device. A port must therefore run each call in its
+// device's primary context, without fighting the application over the thread's current context:
+//   * none current (a fresh thread, or before PyTorch touched the GPU): make the primary context current and
+//     leave it so, as the CUDA runtime itself does lazily; later calls on this thread find it current.
+//   * the primary context current (the common case: PyTorch set this device): nothing to do. The check is one
+//     cuCtxGetCurrent, a thread-local read in the driver.
+//   * another context current (a multi-device program working on another device, or a user context): switch
+//     to ours for the call and put theirs back afterwards, so the application sees its choice untouched.
+class context_scope {
+ public:
+  explicit context_scope(CUcontext primary) {
+    const entry_points& fn = api();
+    CUcontext current = nullptr;
+    check(fn.ctx_get_current(&current), [] { return std::string("cuCtxGetCurrent()"); });
+    if (current == primary) [[likely]] return;
+    check(fn.ctx_set_current(primary), [&] { return strprintf("cuCtxSetCurrent(primary context %p)", static_cast<void*>(primary)); });
+    previous_ = current;
+  }
+  ~context_scope() {
+    if (previous_ != nullptr) (void)api().ctx_set_current(previous_);
+  }
+  context_scope(const context_scope&) = delete;
+  context_scope& operator=(const context_scope&) = delete;
+
+ private:
+  CUcontext previous_ = nullptr;  // the context to restore, when it was another one
+};
+
+CUstream to_stream(stream_handle stream) { return static_cast<CUstream>(stream); }
+CUevent to_event(event_handle event) { return static_cast<CUevent>(event); }
+
+class cuda_driver final : public driver {
+ public:
+  explicit cuda_driver(int device) : device_(device) {
+    const entry_points& fn = api();
+    int count = 0;
+    check(fn.device_get_count(&count), [] { return std::string("cuDeviceGetCount()"); });
+    if (device < 0 || device >= count) {
+      throw cuda_error(CUDA_ERROR_INVALID_DEVICE,
+                       strprintf("CUDA device %d does not exist: this process sees %d device%s (check "
+                                 "CUDA_VISIBLE_DEVICES)",
+                                 device, count, count == 1 ? "" : "s"));
+    }
+    check(fn.device_get(&device_handle_, device), [&] { return strprintf("cuDeviceGet(%d)", device); });
+    char name[256] = {};
+    if (fn.device_get_name(name, sizeof name - 1, device_handle_) != CUDA_SUCCESS) name[0] = '\0';
+
+    int vmm = 0;
+    check(fn.device_get_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device_handle_),
+          [&] { return strprintf("cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device %d)", device); });
+    if (vmm == 0) {
+      throw cuda_error(CUDA_ERROR_NOT_SUPPORTED,
+                       strprintf("CUDA device %d (%s) does not support virtual memory management (cuMemCreate, "
+                                 "cuMemMap), which layerswap is built on",
+                                 device, name));
+    }
+    // The host NUMA node nearest the device, for host-located pages; 0 when unknown (attribute new in 12.2).
+    int numa = -1;
+    if (fn.device_get_attribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, device_handle_) == CUDA_SUCCESS &&
+        numa >= 0) {
+      host_numa_id_ = numa;
+    }
+
+    check(fn.device_total_mem(&total_, device_handle_), [&] { return strprintf("cuDeviceTotalMem(device %d)", device); });
+
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    check(fn.mem_get_allocation_granularity(&granularity_, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          [&] { return strprintf("cuMemGetAllocationGranularity(pinned, device %d, minimum)", device); });
+
+    // Last, so that nothing above can throw with the retain taken.
+    check(fn.primary_ctx_retain(&primary_, device_handle_),
+          [&] { return strprintf("cuDevicePrimaryCtxRetain(device %d)", device); });
+    LAYERSWAP_LOG(info, "device %d (%s): CUDA driver port ready, %s, VMM granularity %s", device, name,
+                  format_bytes(total_).c_str(), format_bytes(granularity_).c_str());
+  }
+
+  // Note [Driver at exit]
+  // A port may be destroyed from a static destructor, after libcuda has torn itself down; every call then
+  // returns CUDA_ERROR_DEINITIALIZED. Release the primary context only while the driver is alive, and never
+  // throw.
+  ~cuda_driver() override {
+    const entry_points& fn = api();
+    CUcontext current = nullptr;
+    if (fn.ctx_get_current(&current) == CUDA_ERROR_DEINITIALIZED) return;
+    (void)fn.primary_ctx_release(device_handle_);
+  }
+
+  cuda_driver(const cuda_driver&) = delete;
+  cuda_driver& operator=(const cuda_driver&) = delete;
+
+  [[nodiscard]] int device() const noexcept override { return device_; }
+  [[nodiscard]] std::size_t granularity() override { return granularity_; }
+  [[nodiscard]] std::size_t total_memory() override { return total_; }
+
+  [[nodiscard]] std::size_t free_memory() override {
+    context_scope scope(primary_);
+    std::size_t free = 0;
+    std::size_t total = 0;
+    check(api().mem_get_info(&free, &total), [&] { return strprintf("cuMemGetInfo(device %d)", device_); });
+    return free;
+  }
+
+  [[nodiscard]] device_ptr reserve(std::size_t bytes, std::size_t alignment) override {
+    context_scope scope(primary_);
+    CUdeviceptr va = 0;
+    check(api().mem_address_reserve(&va, bytes, alignment, 0, 0), [&] {
+      return strprintf("cuMemAddressReserve(%s, alignment %s)", format_bytes(bytes).c_str(),
+                       format_bytes(alignment).c_str());
+    });
+    return va;
+  }
+
+  void unreserve(device_ptr va, std::size_t bytes) override {
+    context_scope scope(primary_);
+    check(api().mem_address_free(va, bytes),
+          [&] { return strprintf("cuMemAddressFree(va=0x%llx, %s)", hex(va), format_bytes(bytes).c_str()); });
+  }
+
+  [[nodiscard]] phys_handle create(std::size_t bytes, memory_location where) override {
+    context_scope scope(primary_);
+    const entry_points& fn = api();
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    CUmemGenericAllocationHandle handle = 0;
+    CUresult r = CUDA_SUCCESS;
+    if (where == memory_location::device) {
+      prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      prop.location.id = device_;
+      r = fn.mem_create(&handle, bytes, &prop, 0);
+    } else {
+      // Host-located pages: a host NUMA node when the driver and system support it, else plain host memory.
+      // The first HOST_NUMA failure switches this port to HOST for good, so the failing call is paid once.
+      prop.location.type = static_cast<CUmemLocationType>(host_location_.load(std::memory_order_relaxed));
+      prop.location.id = prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ? host_numa_id_ : 0;
+      r = fn.mem_create(&handle, bytes, &prop, 0);
+      if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+        const CUresult numa_result = r;
+        prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+        prop.location.id = 0;
+        r = fn.mem_create(&handle, bytes, &prop, 0);
+        if (r == CUDA_SUCCESS) {
+          host_location_.store(CU_MEM_LOCATION_TYPE_HOST, std::memory_order_relaxed);
+          LAYERSWAP_LOG(info, "device %d: host NUMA node %d pages unavailable (%s); using CU_MEM_LOCATION_TYPE_HOST",
+                        device_, host_numa_id_, describe(numa_result).c_str());
+        }
+      }
+    }
+    if (r != CUDA_SUCCESS) [[unlikely]] {
+      std::string what = where == memory_location::device
+                             ? strprintf("cuMemCreate(%s, device %d)", format_bytes(bytes).c_str(), device_)
+                             : strprintf("cuMemCreate(%s, host %s%d)", format_bytes(bytes).c_str(),
+                                         prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ? "NUMA node " : "",
+                                         prop.location.id);
+      what += " failed: " + describe(r);
+      if (r == CUDA_ERROR_OUT_OF_MEMORY) throw device_out_of_memory(static_cast<int>(r), what);
+      throw cuda_error(static_cast<int>(r), what);
+    }
+    return static_cast<phys_handle>(handle);
+  }
+
+  void release(phys_handle handle) override {
+    context_scope scope(primary_);
+    check(api().mem_release(static_cast<CUmemGenericAllocationHandle>(handle)),
+          [&] { return strprintf("cuMemRelease(handle=0x%llx)", hex(handle)); });
+  }
+
+  void map(device_ptr va, std::size_t bytes, phys_handle handle, std::size_t offset) override {
+    context_scope scope(primary_);
+    check(api().mem_map(va, bytes, offset, static_cast<CUmemGenericAllocationHandle>(handle), 0), [&] {
+      return strprintf("cuMemMap(va=0x%llx, %s, handle=0x%llx, offset=%s)", hex(va), format_bytes(bytes).c_str(),
+                       hex(handle), format_bytes(offset).c_str());
+    });
+  }
+
+  void unmap(device_ptr va, std::size_t bytes) override {
+    context_scope scope(primary_);
+    check(api().mem_unmap(va, bytes),
+          [&] { return strprintf("cuMemUnmap(va=0x%llx, %s)", hex(va), format_bytes(bytes).c_str()); });
+  }
+
+  void set_access(device_ptr va, std::size_t bytes) override {
+    context_scope scope(primary_);
+    CUmemAccessDesc desc{};
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = device_;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    check(api().mem_set_access(va, bytes, &desc, 1), [&] {
+      return strprintf("cuMemSetAccess(va=0x%llx, %s, read/write for device %d)", hex(va), format_bytes(bytes).c_str(),
+                       device_);
+    });
+  }
+
+  [[nodiscard]] stream_handle create_stream() override {
+    context_scope scope(primary_);
+    CUstream stream = nullptr;
+    check(api().stream_create(&stream, CU_STREAM_NON_BLOCKING),
+          [&] { return strprintf("cuStreamCreate(non-blocking, device %d)", device_); });
+    return stream;
+  }
+
+  void destroy_stream(stream_handle stream) override {
+    context_scope scope(primary_);
+    check(api().stream_destroy(to_stream(stream)), [&] { return strprintf("cuStreamDestroy(stream=%p)", stream); });
+  }
+
+  void synchronize(stream_handle stream) override {
+    context_scope scope(primary_);
+    check(api().stream_synchronize(to_stream(stream)), [&] { return strprintf("cuStreamSynchronize(stream=%p)", stream); });
+  }
+
+  [[nodiscard]] event_handle create_event() override {
+    context_scope scope(primary_);
+    CUevent event = nullptr;
+    check(api().event_create(&event, CU_EVENT_DISABLE_TIMING),
+          [&] { return strprintf("cuEventCreate(disable timing, device %d)", device_); });
+    return event;
+  }
+
+  void destroy_event(event_handle event) override {
+    context_scope scope(primary_);
+    check(api().event_destroy(to_event(event)), [&] { return strprintf("cuEventDestroy(event=%p)", event); });
+  }
+
+  void record(event_handle event, stream_handle stream) override {
+    context_scope scope(primary_);
+    check(api().event_record(to_event(event), to_stream(stream)),
+          [&] { return strprintf("cuEventRecord(event=%p, stream=%p)", event, stream); });
+  }
+
+  [[nodiscard]] bool query(event_handle event) override {
+    context_scope scope(primary_);
+    const CUresult r = api().event_query(to_event(event));
+    if (r == CUDA_SUCCESS) return true;
+    if (r == CUDA_ERROR_NOT_READY) return false;
+    check(r, [&] { return strprintf("cuEventQuery(event=%p)", event); });
+    return false;
+  }
+
+  void wait(event_handle event) override {
+    context_scope scope(primary_);
+    check(api().event_synchronize(to_event(event)), [&] { return strprintf("cuEventSynchronize(event=%p)", event); });
+  }
+
+  void stream_wait(stream_handle stream, event_handle event) override {
+    context_scope scope(primary_);
+    check(api().stream_wait_event(to_stream(stream), to_event(event), 0),
+          [&] { return strprintf("cuStreamWaitEvent(stream=%p, event=%p)", stream, event); });
+  }
+
+  void copy_async(device_ptr dst, device_ptr src, std::size_t bytes, stream_handle stream) override {
+    context_scope scope(primary_);
+    check(api().memcpy_async(dst, src, bytes, to_stream(stream)), [&] {
+      return strprintf("cuMemcpyAsync(dst=0x%llx, src=0x%llx, %s, stream=%p)", hex(dst), hex(src),
+                       format_bytes(bytes).c_str(), stream);
+    });
+  }
+
+  void copy_to_host(void* dst, device_ptr src, std::size_t bytes) override {
+    if (bytes == 0) return;
+    context_scope scope(primary_);
+    // To pageable host memory cuMemcpyDtoH returns only once the copy is done.
+    check(api().memcpy_dtoh(dst, src, bytes), [&] {
+      return strprintf("cuMemcpyDtoH(dst=%p, src=0x%llx, %s)", dst, hex(src), format_bytes(bytes).c_str());
+    });
+  }
+
+  void copy_from_host(device_ptr dst, const void* src, std::size_t bytes) override {
+    if (bytes == 0) return;
+    context_scope scope(primary_);
+    const entry_points& fn = api();
+    check(fn.memcpy_htod(dst, src, bytes), [&] {
+      return strprintf("cuMemcpyHtoD(dst=0x%llx, src=%p, %s)", hex(dst), src, format_bytes(bytes).c_str());
+    });
+    // From pageable memory the call may return once the bytes are staged; the copy is ordered on the legacy
+    // default stream, so synchronizing that stream waits for them to land.
+    check(fn.stream_synchronize(nullptr), [] { return std::string("cuStreamSynchronize(default stream)"); });
+  }
+
+ private:
+  int device_;
+  CUdevice device_handle_ = 0;
+  CUcontext primary_ = nullptr;
+  std::size_t granularity_ = 0;
+  std::size_t total_ = 0;
+  int host_numa_id_ = 0;
+  std::atomic<int> host_location_{CU_MEM_LOCATION_TYPE_HOST_NUMA};
+};
+
+}  // namespace
+
+int cuda_device_count() noexcept {
+  try {
+    const library& lib = cuda_library();
+    if (!lib.loaded || lib.init_result != CUDA_SUCCESS) return 0;
+    int count = 0;
+    if (lib.fn.device_get_count(&count) != CUDA_SUCCESS) return 0;
+    return count;
+  } catch (...) {
+    return 0;
+  }
+}
+
+std::unique_ptr<driver> make_cuda_driver(int device) {
+  const library& lib = cuda_library();
+  if (!lib.loaded) throw cuda_error(lib.load_error, lib.problem);
+  if (lib.init_result != CUDA_SUCCESS) {
+    throw cuda_error(lib.init_result,
+                     "cuInit(0) failed: " + describe(lib.init_result) +
+                         ". The NVIDIA driver is installed but no GPU is usable: check nvidia-smi, "
+                         "CUDA_VISIBLE_DEVICES and that the driver is new enough for CUDA 12");
+  }
+  return std::make_unique<cuda_driver>(device);
+}
+
+}  // namespace layerswap

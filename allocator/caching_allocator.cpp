@@ -188,6 +188,8 @@ struct caching_allocator::impl {
   void* allocate_large_locked(std::size_t bytes, stream_pool* pool);
   segment* new_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request);
   std::vector<phys_handle> gather_pages_locked(std::size_t n, std::size_t request);
+  std::size_t obtainable_pages_locked() const noexcept;  // pooled + idle segments + budget headroom
+  void release_idle_pages_locked();
   bool reclaim_one_locked();
   void fence_locked(segment* seg);
   void destroy_segment_locked(segment* seg);
@@ -330,7 +332,21 @@ void caching_allocator::impl::set_owner_locked(device_ptr va, std::size_t npages
 
 // ---- pages and segments ----
 
+std::size_t caching_allocator::impl::obtainable_pages_locked() const noexcept {
+  std::size_t pages = idle_pages.size();
+  for (const segment* s = idle.head; s; s = s->idle_hook.next) pages += s->npages();
+  const auto held = static_cast<std::size_t>(st.device_bytes.current);
+  if (options.budget > held) pages += (options.budget - held) >> gran_shift;
+  return pages;
+}
+
 std::vector<phys_handle> caching_allocator::impl::gather_pages_locked(std::size_t n, std::size_t request) {
+  if (options.budget && n > idle_pages.size() + ((options.budget - std::min<std::size_t>(options.budget,
+                                  static_cast<std::size_t>(st.device_bytes.current))) >> gran_shift)) {
+    // Not enough without reclaiming: fail before creating anything when even the whole cache is too small.
+    if (n > obtainable_pages_locked() && !pending.empty()) process_pending_locked(true);
+    if (n > obtainable_pages_locked()) throw_oom_locked(request);
+  }
   std::vector<phys_handle> out;
   out.reserve(n);
   bool retried = false;
@@ -556,8 +572,22 @@ void caching_allocator::impl::process_pending_locked(bool wait) {
   pending.resize(kept);
 }
 
+void caching_allocator::impl::release_idle_pages_locked() {
+  for (phys_handle h : idle_pages) {
+    port.release(h);
+    st.device_bytes.decrease(static_cast<std::int64_t>(gran));
+    count(false, &pool_stats::reserved_bytes, -static_cast<std::int64_t>(gran));
+    ++st.num_device_free;
+  }
+  idle_pages.clear();
+}
+
 void caching_allocator::impl::throw_oom_locked(std::size_t request) {
   ++st.num_ooms;
+  try {
+    release_idle_pages_locked();  // as after PyTorch's OOM, the process keeps no pooled memory it cannot use
+  } catch (...) {
+  }
   std::vector<std::size_t> live;
   std::int64_t live_bytes = 0;
   for (const segment* s : segments) {
@@ -592,7 +622,10 @@ void caching_allocator::impl::throw_oom_locked(std::size_t request) {
   msg += ": " + format_bytes(static_cast<std::uint64_t>(live_bytes)) + " in " + std::to_string(live.size()) +
          " live allocations" + (largest.empty() ? "" : " (largest " + largest + ")");
   const std::int64_t other = static_cast<std::int64_t>(held) - live_bytes;
-  if (other > 0) msg += ", " + format_bytes(static_cast<std::uint64_t>(other)) + " in partly used slabs and rounding";
+  if (other > 0) {
+    msg += ", " + format_bytes(static_cast<std::uint64_t>(other)) +
+           " cached (free blocks of partly used slabs, and blocks still in use by other streams)";
+  }
   msg += ". ";
   if (options.budget) {
     msg += "Raise LAYERSWAP_BUDGET (now " + format_bytes(options.budget) + ") or reduce the batch size.";
@@ -687,13 +720,7 @@ void caching_allocator::empty_cache() {
   if (!m.pending.empty()) m.process_pending_locked(false);
   while (m.reclaim_one_locked()) {
   }
-  for (phys_handle h : m.idle_pages) {
-    m.port.release(h);
-    m.st.device_bytes.decrease(static_cast<std::int64_t>(m.gran));
-    m.count(false, &pool_stats::reserved_bytes, -static_cast<std::int64_t>(m.gran));
-    ++m.st.num_device_free;
-  }
-  m.idle_pages.clear();
+  m.release_idle_pages_locked();
 }
 
 allocator_stats caching_allocator::stats() const {

@@ -96,7 +96,8 @@ PYBIND11_MODULE(_C, m) {
     out["LAYERSWAP_BUDGET"] = c.budget.is_set() ? c.budget.to_string() : "none";
     out["LAYERSWAP_LOG"] = c.log == log_level::debug ? "debug" : c.log == log_level::info ? "info" : "warn";
     out["LAYERSWAP_STATS"] = c.stats ? "1" : "0";
-    out["LAYERSWAP_VA_RESERVE"] = format_bytes(c.va_reserve);
+    out["LAYERSWAP_VA_RESERVE"] =
+        size_setting{size_setting::kind::bytes, static_cast<double>(c.va_reserve)}.to_string();
     return out;
   }, "The settings in force, by variable name.");
   m.def("describe_config", [] { return global_config().describe(); });

@@ -165,6 +165,19 @@ TEST(Allocator, BudgetIsNeverExceededAndOomNamesIt) {
   expect_clean(sim);
 }
 
+TEST(Allocator, ImpossibleRequestFailsWithoutTouchingTheDevice) {
+  sim_driver sim;
+  allocator_options opts;
+  opts.budget = 8 * k_mib;
+  caching_allocator alloc(sim, opts);
+  void* keep = alloc.allocate(2 * k_mib, nullptr);
+  EXPECT_THROW((void)alloc.allocate(10 * k_mib, nullptr), out_of_memory);
+  EXPECT_EQ(alloc.stats().num_device_alloc, 1) << "pages were created for a request that could never fit";
+  EXPECT_EQ(sim.live_device_bytes(), 2 * k_mib);
+  alloc.deallocate(keep);
+  alloc.verify();
+}
+
 TEST(Allocator, ReclaimWaitsForPendingWorkBeforeUnmapping) {
   sim_options o;
   o.eager = false;

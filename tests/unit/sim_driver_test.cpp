@@ -457,7 +457,7 @@ TEST(SimDriverStreams, DeferredStreamRunsInFifoOrder) {
   sim.launch(s, {{r.va, 1, true, 3}});
   EXPECT_EQ(sim.pending(s), 3u);
   EXPECT_EQ(sim.byte_at(r.va), 0);
-  for (std::uint8_t expected : {1, 2, 3}) {
+  for (int expected : {1, 2, 3}) {
     ASSERT_TRUE(sim.run_one(s));
     EXPECT_EQ(sim.byte_at(r.va), expected);
   }

@@ -188,10 +188,11 @@ library load_library() {
   return lib;
 }
 
-// Thread-safe: the first caller loads, the others wait (a function-local static).
+// Thread-safe: the first caller loads, the others wait (a function-local static). Never destroyed, so that a
+// port destroyed late at exit still finds its entry points (Note [Driver at exit]).
 const library& cuda_library() {
-  static const library instance = load_library();
-  return instance;
+  static const library* const instance = new library(load_library());
+  return *instance;
 }
 
 // Only called once cuda_library().loaded.
@@ -301,7 +302,7 @@ class cuda_driver final : public driver {
   // Note [Driver at exit]
   // A port may be destroyed from a static destructor, after libcuda has torn itself down; every call then
   // returns CUDA_ERROR_DEINITIALIZED. Release the primary context only while the driver is alive, and never
-  // throw.
+  // throw. The entry-point table itself is never destroyed, and libcuda is never unloaded.
   ~cuda_driver() override {
     const entry_points& fn = api();
     CUcontext current = nullptr;

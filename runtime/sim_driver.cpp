@@ -671,7 +671,8 @@ void sim_driver::map(device_ptr va, std::size_t bytes, phys_handle handle, std::
   const std::string call = "map(va=" + hex(va) + ", " + format_bytes(bytes) + ", handle=" + hex(handle) +
                            ", offset=" + format_bytes(offset) + ")";
   m.check_range(va, bytes, call);
-  if (!m.aligned(offset)) fail(k_invalid_value, call, "offset must be a multiple of the granularity");
+  // The real driver refuses any non-zero offset (CUDA_ERROR_NOT_SUPPORTED, measured on the H100).
+  if (offset != 0) fail(801, call, "the offset must be zero (CUDA_ERROR_NOT_SUPPORTED on the real driver)");
   auto block = m.phys.find(handle);
   if (block == m.phys.end() || block->second.released) fail(k_invalid_value, call, "unknown or released handle");
   if (offset > block->second.bytes || bytes > block->second.bytes - offset) {

@@ -203,8 +203,10 @@ TEST(CudaDriver, ErrorsNameTheCallTheArgumentsAndTheCudaError) {
     EXPECT_CONTAINS(e.what(), "cuMemMap(va=0x");
     EXPECT_CONTAINS(e.what(), "failed: CUDA_ERROR_");
   }
-  EXPECT_THROW(port->unmap(va, g), cuda_error) << "unmap of a range that is not mapped";
-  EXPECT_THROW(port->create(g / 2, memory_location::device), cuda_error);
+  // Measured on the H100 (driver 580): cuMemUnmap of a reserved but unmapped range returns success. The
+  // simulator is stricter on purpose (an unmap of nothing is an allocator bug); nothing is asserted here.
+  port->unmap(va, g);
+  EXPECT_THROW((void)port->create(g / 2, memory_location::device), cuda_error);
   port->release(h);
   port->unreserve(va, 2 * g);
 }
@@ -217,6 +219,21 @@ TEST(CudaDriver, UnmapRemovesWholeMappingsOnly) {
   const region r = make_region(*port, 2 * g, memory_location::device);
   EXPECT_THROW(port->unmap(r.va, g), cuda_error) << "the driver unmapped half of one mapping";
   free_region(*port, r);
+}
+
+TEST(CudaDriver, UnmapOfSeveralWholeMappingsAtOnce) {
+  if (layerswap::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU: skipped";
+  auto port = make_cuda_driver(0);
+  const std::size_t g = port->granularity();
+  const device_ptr va = port->reserve(2 * g, 0);
+  const phys_handle h1 = port->create(g, memory_location::device);
+  const phys_handle h2 = port->create(g, memory_location::device);
+  port->map(va, g, h1, 0);
+  port->map(va + g, g, h2, 0);
+  EXPECT_NO_THROW(port->unmap(va, 2 * g)) << "the simulator accepts one unmap over two whole mappings";
+  port->release(h1);
+  port->release(h2);
+  port->unreserve(va, 2 * g);
 }
 
 TEST(CudaDriver, MapOntoAMappedRangeFails) {
@@ -271,24 +288,22 @@ TEST(CudaDriver, ReleasedPagesLiveUntilTheLastUnmap) {
   port->unreserve(r.va, g);
 }
 
-TEST(CudaDriver, MapAtANonzeroOffset) {
+TEST(CudaDriver, MapAtANonzeroOffsetIsRefused) {
   if (layerswap::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU: skipped";
+  // Measured on the H100 (driver 580): cuMemMap with a non-zero offset fails with CUDA_ERROR_NOT_SUPPORTED,
+  // as its documentation says ("currently must be zero"). The allocator maps whole handles only, and the
+  // simulator refuses offsets the same way.
   auto port = make_cuda_driver(0);
   const std::size_t g = port->granularity();
   const region whole = make_region(*port, 2 * g, memory_location::device);
   const device_ptr tail = port->reserve(g, 0);
   try {
     port->map(tail, g, whole.handle, g);
+    ADD_FAILURE() << "the driver accepted a non-zero offset: the simulator must be relaxed to match";
+    port->unmap(tail, g);
   } catch (const cuda_error& e) {
-    // cuMemMap's documentation says the offset "currently must be zero"; the port and the simulator accept
-    // offsets. If this fails, the allocator must map whole allocations only and the simulator must say so.
-    FAIL() << "the driver rejects a non-zero cuMemMap offset: " << e.what();
+    EXPECT_EQ(e.code(), 801) << e.what();  // CUDA_ERROR_NOT_SUPPORTED
   }
-  port->set_access(tail, g);
-  const std::vector<std::byte> in = pattern(g, 6);
-  port->copy_from_host(whole.va + g, in.data(), g);
-  EXPECT_EQ(difference(in, read_back(*port, tail, g)), "");
-  port->unmap(tail, g);
   port->unreserve(tail, g);
   free_region(*port, whole);
 }

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Everything layerswap checks on a GPU, in one go: install, C++ build + ctest (GPU tests included), the Python
+# GPU tests, and the foundation benchmark. Made for one call on a GPU machine with no network.
+#
+#   bench/gpu_run.sh                 # every step
+#   bench/gpu_run.sh build pytest    # only some: info install cmake ctest pytest bench (build = install cmake)
+#
+# Full logs go to $OUT (default /tmp/layerswap-gpu-run): info.log, build.log (pip + CMake), ctest.log, pytest.log
+# (+ pytest.xml), bench.log, foundation.json; the console gets each step's tail and a summary table. A failed
+# step does not stop the others; the exit status is non-zero if any step failed.
+#
+# Time: the whole run keeps inside GPU_RUN_DEADLINE seconds (default 570, for a 10-minute call): each step
+# gets min(its own limit, time left); a step with no time left is reported as skipped. Step limits:
+# GPU_RUN_TIMEOUT_{INSTALL,CMAKE,CTEST,PYTEST,BENCH}. PYTHON picks the interpreter (default python3).
+# shellcheck disable=SC2317  # the step functions are called through run_step
+set -u -o pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+REPO=$PWD
+OUT=${OUT:-${TMPDIR:-/tmp}/layerswap-gpu-run}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+START=$(date +%s)
+DEADLINE=${GPU_RUN_DEADLINE:-570}
+JOBS=${GPU_RUN_JOBS:-16}
+
+ALL_STEPS=(info install cmake ctest pytest bench)
+declare -A WANT=()
+if [ $# -eq 0 ]; then
+  for s in "${ALL_STEPS[@]}"; do WANT[$s]=1; done
+else
+  WANT[info]=1
+  for a in "$@"; do
+    case "$a" in
+      all) for s in "${ALL_STEPS[@]}"; do WANT[$s]=1; done ;;
+      build) WANT[install]=1; WANT[cmake]=1 ;;
+      info|install|cmake|ctest|pytest|bench) WANT[$a]=1 ;;
+      *) echo "gpu_run.sh: unknown step '$a' (steps: ${ALL_STEPS[*]} build all)" >&2; exit 2 ;;
+    esac
+  done
+fi
+
+declare -A STATUS=() SECONDS_TAKEN=() LOGS=()
+ORDER=()
+
+elapsed() { echo $(( $(date +%s) - START )); }
+
+# run_step NAME LIMIT LOG TAIL_LINES FUNCTION: runs FUNCTION with its output appended to LOG, under a time
+# limit of min(LIMIT, time left); prints the log's tail (longer when the step failed).
+run_step() {
+  local name=$1 limit=$2 log=$3 tail_lines=$4 fn=$5
+  ORDER+=("$name")
+  LOGS[$name]=$log
+  local left=$(( DEADLINE - $(elapsed) ))
+  if [ "$left" -lt 20 ]; then
+    STATUS[$name]="skipped (no time left)"; SECONDS_TAKEN[$name]=0
+    echo "######## $name: skipped, $(elapsed) s of the $DEADLINE s deadline used"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "######## $name (limit ${limit} s, log $log) at +$(elapsed) s"
+  echo "######## $name at $(date -u +%FT%TZ), limit ${limit} s" >>"$log"
+  local t0 rc
+  t0=$(date +%s)
+  STEP_LIMIT=$limit "$fn" >>"$log" 2>&1
+  rc=$?
+  SECONDS_TAKEN[$name]=$(( $(date +%s) - t0 ))
+  if [ "$rc" -eq 0 ]; then
+    STATUS[$name]="ok"
+  elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    STATUS[$name]="FAILED (timed out after ${limit} s)"
+  else
+    STATUS[$name]="FAILED (exit $rc)"
+  fi
+  [ "$rc" -ne 0 ] && tail_lines=$(( tail_lines > 60 ? tail_lines : 60 ))
+  echo "-------- $name: ${STATUS[$name]} in ${SECONDS_TAKEN[$name]} s; last lines of $log:"
+  tail -n "$tail_lines" "$log"
+  echo
+}
+
+# ---- steps ------------------------------------------------------------------------------------------------
+
+step_info() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current \
+    --format=csv 2>&1 || echo "nvidia-smi failed"
+  nvidia-smi 2>&1 | head -20
+  echo "python: $(command -v "$PY") $("$PY" --version 2>&1)"
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(), 'devices', torch.cuda.device_count()); print('device', torch.cuda.get_device_name() if torch.cuda.is_available() else None)" 2>&1
+  "$PY" -c "import transformers, peft, accelerate; print('transformers', transformers.__version__, 'peft', peft.__version__, 'accelerate', accelerate.__version__)" 2>&1 | tail -1
+  "$PY" -c "import scikit_build_core, pybind11; print('scikit-build-core', scikit_build_core.__version__, 'pybind11', pybind11.__version__)" 2>&1 | tail -1
+  echo "cmake: $(cmake --version 2>&1 | head -1); ninja: $(ninja --version 2>&1 || echo missing); nvcc: $(nvcc --version 2>&1 | tail -1)"
+  echo "gtest: $(ls -d /usr/include/gtest /usr/local/include/gtest 2>/dev/null | tr '\n' ' ')"
+  nproc; free -g | head -2; df -h "$REPO" | tail -1
+  return 0
+}
+
+step_install() {
+  local pip=("$PY" -m pip) rc
+  "$PY" -m pip --version >/dev/null 2>&1 || pip=(pip)
+  timeout "$STEP_LIMIT" "${pip[@]}" install --no-build-isolation --no-deps -q . && rc=0 || rc=$?
+  if [ "$rc" -ne 0 ] && grep -q "externally-managed-environment" "$OUT/build.log" 2>/dev/null; then
+    echo "pip refused an externally managed environment: retrying with --break-system-packages"
+    timeout "$STEP_LIMIT" "${pip[@]}" install --no-build-isolation --no-deps -q --break-system-packages . && rc=0 || rc=$?
+  fi
+  [ "$rc" -ne 0 ] && return "$rc"
+  # The installed package, seen from outside the source tree.
+  (cd / && "$PY" -c "import torch, layerswap, layerswap._C as C, os; d=os.path.dirname(layerswap.__file__); print('installed:', d, sorted(f for f in os.listdir(d) if f.endswith('.so'))); print('gpu_available:', C.gpu_available())")
+}
+
+step_cmake() {
+  local gen=()
+  if [ -f build/CMakeCache.txt ]; then
+    echo "reusing build/ ($(grep '^CMAKE_GENERATOR:' build/CMakeCache.txt))"  # its generator cannot change
+  elif command -v ninja >/dev/null 2>&1; then
+    gen=(-G Ninja)
+  else
+    echo "ninja not found: using the default generator"
+  fi
+  # The Python extension is built and installed by the install step; the CMake tree builds the C++ tests.
+  timeout "$STEP_LIMIT" cmake -S . -B build "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DLAYERSWAP_BUILD_PYTHON=OFF &&
+    timeout "$STEP_LIMIT" cmake --build build -j"$JOBS"
+}
+
+step_ctest() {
+  timeout "$STEP_LIMIT" ctest --test-dir build --output-on-failure --timeout 120
+}
+
+step_pytest() {
+  timeout "$STEP_LIMIT" "$PY" -m pytest -q -rfEs -p no:cacheprovider --durations=15 \
+    --junitxml="$OUT/pytest.xml" tests/python
+}
+
+step_bench() {
+  rm -f bench/results/foundation.json
+  timeout "$STEP_LIMIT" "$PY" bench/foundation.py
+  local rc=$?
+  if [ -f bench/results/foundation.json ]; then cp bench/results/foundation.json "$OUT/foundation.json"; fi
+  return "$rc"
+}
+
+# ---- run --------------------------------------------------------------------------------------------------
+
+echo "gpu_run.sh: steps: $(for s in "${ALL_STEPS[@]}"; do [ -n "${WANT[$s]:-}" ] && printf '%s ' "$s"; done); logs in $OUT"
+[ -n "${WANT[info]:-}" ]    && run_step info    60                                  "$OUT/info.log"   40 step_info
+[ -n "${WANT[install]:-}" ] && run_step install "${GPU_RUN_TIMEOUT_INSTALL:-300}"  "$OUT/build.log"  5  step_install
+[ -n "${WANT[cmake]:-}" ]   && run_step cmake   "${GPU_RUN_TIMEOUT_CMAKE:-240}"    "$OUT/build.log"  3  step_cmake
+[ -n "${WANT[ctest]:-}" ]   && run_step ctest   "${GPU_RUN_TIMEOUT_CTEST:-150}"    "$OUT/ctest.log"  12 step_ctest
+[ -n "${WANT[pytest]:-}" ]  && run_step pytest  "${GPU_RUN_TIMEOUT_PYTEST:-330}"   "$OUT/pytest.log" 40 step_pytest
+[ -n "${WANT[bench]:-}" ]   && run_step bench   "${GPU_RUN_TIMEOUT_BENCH:-300}"    "$OUT/bench.log"  32 step_bench
+
+echo "======== summary ($(elapsed) s in all; logs in $OUT)"
+printf '%-8s %-34s %8s  %s\n' step status seconds log
+failed=0
+for s in "${ORDER[@]}"; do
+  printf '%-8s %-34s %8s  %s\n' "$s" "${STATUS[$s]}" "${SECONDS_TAKEN[$s]}" "${LOGS[$s]}"
+  case "${STATUS[$s]}" in ok) ;; *) failed=1 ;; esac
+done
+exit "$failed"

@@ -55,6 +55,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "allocator/region_map.hpp"
 #include "allocator/size_classes.hpp"
 #include "runtime/config.hpp"
 #include "runtime/error.hpp"
@@ -92,6 +93,7 @@ struct segment {
   std::vector<phys_handle> pages;
   stream_pool* pool = nullptr;
   std::uint64_t free_epoch = 0;  // when it last became idle (Note [Unmap fences])
+  region_id region = 0;         // its id in the region map (region_map.hpp), given when first published
   bool slab = false;
 
   // large
@@ -147,6 +149,7 @@ struct arena {
   std::size_t bytes = 0;
   std::vector<segment*> owner;                   // per granule
   std::map<std::size_t, std::size_t> free_runs;  // first granule -> granule count (slow path only)
+  std::unique_ptr<published_arena> published;    // the owner table's image in the region map
 };
 
 struct pending_free {
@@ -291,6 +294,7 @@ device_ptr caching_allocator::impl::reserve_va_locked(std::size_t npages) {
   a->base = port.reserve(bytes, gran);
   a->bytes = bytes;
   a->owner.assign(bytes >> gran_shift, nullptr);
+  a->published = std::make_unique<published_arena>(a->base, bytes, gran_shift);
   const std::size_t total = bytes >> gran_shift;
   if (total > npages) a->free_runs.emplace(npages, total - npages);
   LAYERSWAP_LOG(info, "device %d: reserved a %s virtual address arena", st.device, format_bytes(bytes).c_str());
@@ -326,6 +330,8 @@ void caching_allocator::impl::set_owner_locked(device_ptr va, std::size_t npages
     if (va < a->base || va - a->base >= a->bytes) continue;
     const std::size_t first = (va - a->base) >> gran_shift;
     std::fill_n(a->owner.begin() + static_cast<std::ptrdiff_t>(first), npages, seg);
+    if (seg && seg->region == 0) seg->region = region_map::next_region_id();
+    a->published->publish(first, npages, seg ? seg->region : 0);
     return;
   }
 }

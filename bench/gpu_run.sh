@@ -45,10 +45,11 @@ ORDER=()
 
 elapsed() { echo $(( $(date +%s) - START )); }
 
-# run_step NAME LIMIT LOG TAIL_LINES FUNCTION: runs FUNCTION with its output appended to LOG, under a time
-# limit of min(LIMIT, time left); prints the log's tail (longer when the step failed).
+# run_step NAME LIMIT LOG TAIL_LINES FUNCTION [PATTERN]: runs FUNCTION with its output appended to LOG, under
+# a time limit of min(LIMIT, time left); prints the log's tail (longer when the step failed), then the log's
+# lines that match PATTERN (a summary line the tail may miss).
 run_step() {
-  local name=$1 limit=$2 log=$3 tail_lines=$4 fn=$5
+  local name=$1 limit=$2 log=$3 tail_lines=$4 fn=$5 pattern=${6:-}
   ORDER+=("$name")
   LOGS[$name]=$log
   local left=$(( DEADLINE - $(elapsed) ))
@@ -75,6 +76,7 @@ run_step() {
   [ "$rc" -ne 0 ] && tail_lines=$(( tail_lines > 60 ? tail_lines : 60 ))
   echo "-------- $name: ${STATUS[$name]} in ${SECONDS_TAKEN[$name]} s; last lines of $log:"
   tail -n "$tail_lines" "$log"
+  if [ -n "$pattern" ]; then grep -E "$pattern" "$log" | tail -n 5; fi
   echo
 }
 
@@ -144,7 +146,7 @@ echo "gpu_run.sh: steps: $(for s in "${ALL_STEPS[@]}"; do [ -n "${WANT[$s]:-}" ]
 [ -n "${WANT[info]:-}" ]    && run_step info    60                                  "$OUT/info.log"   40 step_info
 [ -n "${WANT[install]:-}" ] && run_step install "${GPU_RUN_TIMEOUT_INSTALL:-300}"  "$OUT/build.log"  5  step_install
 [ -n "${WANT[cmake]:-}" ]   && run_step cmake   "${GPU_RUN_TIMEOUT_CMAKE:-240}"    "$OUT/build.log"  3  step_cmake
-[ -n "${WANT[ctest]:-}" ]   && run_step ctest   "${GPU_RUN_TIMEOUT_CTEST:-150}"    "$OUT/ctest.log"  12 step_ctest
+[ -n "${WANT[ctest]:-}" ]   && run_step ctest   "${GPU_RUN_TIMEOUT_CTEST:-150}"    "$OUT/ctest.log"  12 step_ctest "tests passed|tests failed"
 [ -n "${WANT[pytest]:-}" ]  && run_step pytest  "${GPU_RUN_TIMEOUT_PYTEST:-330}"   "$OUT/pytest.log" 40 step_pytest
 [ -n "${WANT[bench]:-}" ]   && run_step bench   "${GPU_RUN_TIMEOUT_BENCH:-300}"    "$OUT/bench.log"  32 step_bench
 

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "allocator/registry.hpp"
+#include "allocator/region_map.hpp"
 #include "bindings/torch_allocator.hpp"
+#include "profiler/tracker.hpp"
 #include "runtime/error.hpp"
 
 namespace py = pybind11;
@@ -98,6 +100,8 @@ PYBIND11_MODULE(_C, m) {
     out["LAYERSWAP_STATS"] = c.stats ? "1" : "0";
     out["LAYERSWAP_VA_RESERVE"] =
         size_setting{size_setting::kind::bytes, static_cast<double>(c.va_reserve)}.to_string();
+    out["LAYERSWAP_TRACK"] = c.track == config::track_mode::automatic ? "auto" : (c.track == config::track_mode::on ? "1" : "0");
+    out["LAYERSWAP_TRACE"] = c.trace.empty() ? "none" : c.trace;
     return out;
   }, "The settings in force, by variable name.");
   m.def("describe_config", [] { return global_config().describe(); });
@@ -118,6 +122,81 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release release;
     for (caching_allocator* a : allocators()) a->empty_cache();
   });
+
+  // ---- the launch tracker (profiler/tracker.hpp, docs/tracker.md) ----
+  m.def("tracker_start", [] {
+    py::gil_scoped_release release;
+    return profiler::tracker_start();
+  }, "Take CUPTI and track launches; False when CUPTI is missing or held by another subscriber.");
+  m.def("tracker_stop", [] {
+    py::gil_scoped_release release;
+    profiler::tracker_stop();
+  });
+  m.def("tracker_pause", [] {
+    py::gil_scoped_release release;
+    return profiler::tracker_pause();
+  }, "Release CUPTI (for torch.profiler); True when tracking was on.");
+  m.def("tracker_resume", [] {
+    py::gil_scoped_release release;
+    return profiler::tracker_resume();
+  }, "Retake CUPTI after tracker_pause(); True when tracking is on afterwards.");
+  m.def("tracker_stats", [] {
+    py::dict d;
+    d["active"] = profiler::tracker_active();
+    d["paused"] = profiler::tracker_paused();
+    d["subscriber_busy"] = profiler::tracker_subscriber_busy();
+    d["problem"] = profiler::tracker_problem();
+    profiler::tracker_core* core = profiler::tracker_instance();
+    if (core == nullptr) return d;
+    profiler::tracker_stats s;
+    {
+      py::gil_scoped_release release;
+      s = core->stats();
+    }
+    d["launches"] = s.launches;
+    d["kernels"] = s.kernels;
+    d["copies"] = s.copies;
+    d["memsets"] = s.memsets;
+    d["graphs"] = s.graphs;
+    d["decoded"] = s.decoded;
+    d["undecoded"] = s.launches - s.decoded;
+    py::dict reasons;
+    for (int r = 1; r < profiler::k_undecoded_reasons; ++r) {
+      reasons[profiler::reason_name(static_cast<profiler::undecoded_reason>(r))] = s.undecoded[r];
+    }
+    d["undecoded_by_reason"] = reasons;
+    d["with_regions"] = s.with_regions;
+    d["truncated"] = s.truncated;
+    d["dropped"] = s.dropped;
+    d["nested_skipped"] = s.nested_skipped;
+    d["recent_dropped"] = s.recent_dropped;
+    d["trace_written"] = s.trace_written;
+    d["trace_skipped"] = s.trace_skipped;
+    d["functions"] = s.functions;
+    py::dict families;
+    for (const auto& [family, count] : s.no_region_families) families[py::str(family)] = count;
+    d["no_region_families"] = families;
+    return d;
+  }, "Launch tracker counters.");
+  m.def("tracker_drain", [](std::size_t max) {
+    py::list out;
+    profiler::tracker_core* core = profiler::tracker_instance();
+    if (core == nullptr) return out;
+    std::vector<profiler::drained_event> events;
+    {
+      py::gil_scoped_release release;
+      events = core->drain(max);
+    }
+    for (const auto& e : events) {
+      py::list regions;
+      for (const region_id r : e.regions) regions.append(r);
+      out.append(py::make_tuple(e.launch_no, e.stream, core->kernel_name(e.kind, e.kernel), regions));
+    }
+    return out;
+  }, py::arg("max") = std::size_t{1} << 20,
+        "Up to `max` of the oldest tracked launches, as (launch_no, stream, kernel, [region ids]); they are removed.");
+  m.def("region_of", [](std::uintptr_t ptr) { return region_map::lookup(static_cast<std::uint64_t>(ptr)); },
+        py::arg("ptr"), "The layerswap region holding a device address, or 0.");
 
   m.def("bench_alloc_free", [](std::size_t nbytes, int iters) {
     return torch_binding::bench_alloc_free(nbytes, iters);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "allocator/registry.hpp"
+#include "profiler/tracker.hpp"
 #include "runtime/error.hpp"
 #include "runtime/log.hpp"
 
@@ -301,6 +302,9 @@ void install() {
   cca::allocator.store(&a);
   c10::SetAllocator(c10::DeviceType::CUDA, &a, /*priority=*/255);
   LAYERSWAP_LOG(info, "installed as PyTorch's CUDA allocator");
+  // The launch tracker (LAYERSWAP_TRACK): installed means layerswap is on, so only an explicit 0 keeps it off.
+  // It never fails the install: without CUPTI, or with CUPTI taken by another tool, the program runs untracked.
+  if (global_config().track != config::track_mode::off) (void)profiler::tracker_start();
 }
 
 double bench_alloc_free(std::size_t bytes, int iters) {

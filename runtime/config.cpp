@@ -22,7 +22,7 @@ namespace layerswap {
 namespace {
 
 // Rows of the table, in table order.
-enum row : std::size_t { row_enable, row_budget, row_log, row_stats, row_va_reserve, row_count };
+enum row : std::size_t { row_enable, row_budget, row_log, row_stats, row_va_reserve, row_track, row_trace, row_count };
 
 constexpr setting_info k_settings[row_count] = {
     {"LAYERSWAP", "0", "0 or 1 (also true/false, on/off, yes/no)",
@@ -37,6 +37,10 @@ constexpr setting_info k_settings[row_count] = {
      "Print allocator statistics to stderr at exit"},
     {"LAYERSWAP_VA_RESERVE", "1TiB", "a size such as 1TiB or 256GiB (at least 2MiB)",
      "Virtual address space reserved per arena (grows by further arenas when used up)"},
+    {"LAYERSWAP_TRACK", "auto", "auto, 0 or 1 (also true/false, on/off, yes/no)",
+     "The CUPTI launch tracker: auto runs it whenever layerswap is on; 0 never; 1 always"},
+    {"LAYERSWAP_TRACE", "none", "a file path such as /tmp/launches.json, or none",
+     "Write a Chrome/Perfetto trace of launches and the regions each touched to this file (bounded size)"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";
@@ -384,6 +388,8 @@ std::string config::describe() const {
   line(row_log, log_level_name(log), "  (default)");
   line(row_stats, stats ? "1" : "0", "  (default)");
   line(row_va_reserve, format_size(va_reserve), "  (default)");
+  line(row_track, track == track_mode::automatic ? "auto" : (track == track_mode::on ? "1" : "0"), "  (default)");
+  line(row_trace, trace.empty() ? "none" : trace, "  (default)");
   for (const auto& message : unknown) {
     out += message;
     out += '\n';
@@ -443,6 +449,17 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
     if (bytes < k_va_granularity) reject(name, *reserve, "is less than 2MiB", k_settings[row_va_reserve].accepted);
     // Reservations are made in whole VMM granules; 2^63 is a multiple of 2 MiB, so this cannot overflow.
     result.va_reserve = static_cast<std::size_t>((bytes + k_va_granularity - 1) / k_va_granularity * k_va_granularity);
+  }
+
+  if (const auto track = given(row_track)) {
+    if (iequals(trim(*track), "auto")) {
+      result.track = config::track_mode::automatic;
+    } else {
+      result.track = parse_bool(k_settings[row_track].name, *track) ? config::track_mode::on : config::track_mode::off;
+    }
+  }
+  if (const auto trace = given(row_trace)) {
+    if (!iequals(trim(*trace), "none")) result.trace = std::string(trim(*trace));
   }
 
   for (const auto& [name, value] : unknown) {

@@ -46,6 +46,14 @@ struct config {
   log_level log = log_level::warn;  // LAYERSWAP_LOG
   bool stats = false;            // LAYERSWAP_STATS: print statistics at exit
   std::size_t va_reserve = std::size_t{1} << 40;  // LAYERSWAP_VA_RESERVE: virtual address space per arena
+  // LAYERSWAP_TRACK: the CUPTI launch tracker. automatic = on whenever layerswap is enabled.
+  enum class track_mode : std::uint8_t { automatic, off, on };
+  track_mode track = track_mode::automatic;
+  std::string trace;             // LAYERSWAP_TRACE: path of a Chrome/Perfetto launch trace ("" for none)
+  // Whether the launch tracker should run (LAYERSWAP_TRACK against `enabled`).
+  [[nodiscard]] bool tracking() const noexcept {
+    return track == track_mode::on || (track == track_mode::automatic && enabled);
+  }
 
   // LAYERSWAP_* names that are not in the table, each with a hint ("did you mean LAYERSWAP_BUDGET?").
   std::vector<std::string> unknown;

@@ -19,6 +19,7 @@ layerswap. --json writes the losses (floats and float.hex strings), step times a
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -217,6 +218,15 @@ def make_deterministic(seed):
     random.seed(seed)
 
 
+def attention_backends(deterministic):
+    """Deterministic runs keep scaled_dot_product_attention to FlashAttention (whose backward honours
+    use_deterministic_algorithms) and the math fallback; other runs let PyTorch choose."""
+    if not deterministic:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
+
+
 def active_layerswap():
     """The layerswap module when it is PyTorch's allocator in this process, else None. Never raises."""
     try:
@@ -275,7 +285,8 @@ def train(cfg, *, steps, warmup, batch, seq, seed, device, deterministic=False, 
         t0 = time.perf_counter()
         inputs = inputs.to(device)
         targets = targets.to(device)
-        loss = loss_fn(model(inputs), targets)
+        with attention_backends(deterministic):
+            loss = loss_fn(model(inputs), targets)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

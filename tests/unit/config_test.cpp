@@ -64,7 +64,7 @@ std::string config_error_of(const vars& v) {
 
 TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   const auto table = settings_table();
-  ASSERT_EQ(table.size(), 5u);
+  ASSERT_EQ(table.size(), 7u);
   std::vector<std::string> names;
   for (const auto& info : table) {
     names.emplace_back(info.name);
@@ -72,12 +72,14 @@ TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
     EXPECT_NE(std::string(info.help), "") << info.name;
   }
   EXPECT_EQ(names, (std::vector<std::string>{"LAYERSWAP", "LAYERSWAP_BUDGET", "LAYERSWAP_LOG", "LAYERSWAP_STATS",
-                                             "LAYERSWAP_VA_RESERVE"}));
+                                             "LAYERSWAP_VA_RESERVE", "LAYERSWAP_TRACK", "LAYERSWAP_TRACE"}));
   EXPECT_STREQ(row("LAYERSWAP").default_value, "0");
   EXPECT_STREQ(row("LAYERSWAP_BUDGET").default_value, "none");
   EXPECT_STREQ(row("LAYERSWAP_LOG").default_value, "warn");
   EXPECT_STREQ(row("LAYERSWAP_STATS").default_value, "0");
   EXPECT_STREQ(row("LAYERSWAP_VA_RESERVE").default_value, "1TiB");
+  EXPECT_STREQ(row("LAYERSWAP_TRACK").default_value, "auto");
+  EXPECT_STREQ(row("LAYERSWAP_TRACE").default_value, "none");
   // The help says that an explicit 0 wins over a budget.
   EXPECT_NE(std::string(row("LAYERSWAP").help).find("LAYERSWAP=0"), std::string::npos);
 }
@@ -93,6 +95,41 @@ TEST(SettingsTable, DefaultsParseToTheConfigDefaults) {
   EXPECT_EQ(from_table.stats, empty.stats);
   EXPECT_EQ(from_table.va_reserve, empty.va_reserve);
   EXPECT_EQ(empty.va_reserve, tib);
+  EXPECT_EQ(from_table.track, empty.track);
+  EXPECT_EQ(from_table.trace, empty.trace);
+}
+
+// ---- the launch tracker's settings ----
+
+TEST(TrackSetting, AutoFollowsEnabled) {
+  EXPECT_EQ(parse_config(vars{}).track, config::track_mode::automatic);
+  EXPECT_FALSE(parse_config(vars{}).tracking());
+  EXPECT_TRUE(parse_config(vars{{"LAYERSWAP", "1"}}).tracking());
+  EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_BUDGET", "6GiB"}, {"LAYERSWAP_TRACK", "auto"}}).tracking());
+  EXPECT_FALSE(parse_config(vars{{"LAYERSWAP", "1"}, {"LAYERSWAP_TRACK", "0"}}).tracking());
+  EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_TRACK", "on"}}).tracking());
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_TRACK", " AUTO "}}).track, config::track_mode::automatic);
+}
+
+TEST(TrackSetting, BadValueNamesTheAcceptedForms) {
+  try {
+    (void)parse_config(vars{{"LAYERSWAP_TRACK", "sometimes"}});
+    FAIL() << "no error";
+  } catch (const config_error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("LAYERSWAP_TRACK=\"sometimes\""), std::string::npos) << message;
+    EXPECT_NE(message.find(row("LAYERSWAP_TRACK").accepted), std::string::npos) << message;
+  }
+}
+
+TEST(TraceSetting, PathOrNone) {
+  EXPECT_EQ(parse_config(vars{}).trace, "");
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_TRACE", " /tmp/t.json "}}).trace, "/tmp/t.json");
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_TRACE", "none"}}).trace, "");
+  const config c = parse_config(vars{{"LAYERSWAP_TRACE", "/tmp/t.json"}, {"LAYERSWAP_TRACK", "1"}});
+  EXPECT_NE(c.describe().find("LAYERSWAP_TRACE=/tmp/t.json\n"), std::string::npos);
+  EXPECT_NE(c.describe().find("LAYERSWAP_TRACK=1\n"), std::string::npos);
+  EXPECT_NE(parse_config(vars{}).describe().find("LAYERSWAP_TRACK=auto  (default)"), std::string::npos);
 }
 
 // ---- sizes ----
@@ -461,7 +498,9 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_BUDGET=none  (default)\n"
             "LAYERSWAP_LOG=warn  (default)\n"
             "LAYERSWAP_STATS=0  (default)\n"
-            "LAYERSWAP_VA_RESERVE=1TiB  (default)\n");
+            "LAYERSWAP_VA_RESERVE=1TiB  (default)\n"
+            "LAYERSWAP_TRACK=auto  (default)\n"
+            "LAYERSWAP_TRACE=none  (default)\n");
 }
 
 TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
@@ -476,6 +515,8 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_LOG=debug\n"
             "LAYERSWAP_STATS=1\n"
             "LAYERSWAP_VA_RESERVE=256GiB\n"
+            "LAYERSWAP_TRACK=auto  (default)\n"
+            "LAYERSWAP_TRACE=none  (default)\n"
             "unknown setting LAYERSWAP_BUGDET=1 (did you mean LAYERSWAP_BUDGET?)\n");
 }
 

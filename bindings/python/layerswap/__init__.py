@@ -19,7 +19,7 @@ import sys
 
 __version__ = "0.1.0"
 
-__all__ = ["enable", "is_enabled", "stats", "config", "settings", "Setting", "__version__"]
+__all__ = ["enable", "is_enabled", "stats", "config", "settings", "Setting", "tracker", "__version__"]
 
 _PREFIX = "LAYERSWAP_"
 _SWITCH = "LAYERSWAP"  # the on/off switch; enable() always sets it, so it is not a keyword
@@ -75,6 +75,9 @@ def _ext():
     from . import _C
 
     return _C
+
+
+from . import tracker  # noqa: E402  (layerswap.tracker: pause()/resume()/paused() for torch.profiler, stats())
 
 
 def settings():

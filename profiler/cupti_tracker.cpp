@@ -1,0 +1,679 @@
+// The CUPTI launch tracker: the only file of layerswap that includes CUPTI and CUDA runtime headers, and it
+// uses them for types and constants only. CUPTI, the CUDA runtime and the driver are all reached at run time
+// (Note [Run-time binding]), so layerswap builds and runs its CPU tests where none of them exists.
+//
+// The callback is a switchboard (STYLE.md: kineto): per call it reads the API's parameter struct, finds the
+// function's parameter layout in the lock-free layout cache (queried once per function), scans the argument
+// words through the region map, and hands the region set to tracker_core::record(). No allocation, no lock,
+// no logging on that path; the thread-local scratch it uses is statically initialized.
+//
+// Which callbacks: runtime kernel launches (cudaLaunchKernel, ...ExC, cooperative), driver kernel launches
+// (cuLaunchKernel, cuLaunchKernelEx, cooperative), graph launches of both APIs, and the memcpy / memset calls
+// that can touch device memory. A driver callback nested in a runtime one is skipped (Note [Nested launch
+// callbacks]).
+//
+// Note [Run-time binding]
+//   CUPTI: the copy already loaded in the process if any (PyTorch's wheel loads libcupti.so.13), else
+//   dlopen("libcupti.so.13"), "libcupti.so", then the toolkit's usual folders. cudaFuncGetParamInfo,
+//   cudaPeekAtLastError and cudaGetLastError come from the libcudart already loaded (RTLD_DEFAULT, then
+//   libcudart.so.13 with RTLD_NOLOAD); without them the runtime callbacks are not enabled at all and the
+//   driver callbacks decode every launch. cuKernelGetParamInfo / cuFuncGetParamInfo come from libcuda.so.1
+//   through cuGetProcAddress.
+//
+// Note [Param info in the runtime callback]
+//   cudaFuncGetParamInfo fails past the last parameter and leaves that error for cudaGetLastError, which
+//   PyTorch checks after every launch: the tracker clears it. So that it never clears an error of the
+//   application's own, it does not query while cudaPeekAtLastError reports one (query_status::later: the
+//   function is queried again on a later launch).
+#if !defined(LAYERSWAP_NO_CUPTI)
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <cupti.h>
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "allocator/region_map.hpp"
+#include "allocator/registry.hpp"
+#include "profiler/launch_dedupe.hpp"
+#include "profiler/tracker.hpp"
+#include "runtime/log.hpp"
+
+static_assert(CU_LAUNCH_PARAM_END_AS_INT == layerswap::profiler::k_launch_param_end);
+static_assert(CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT == layerswap::profiler::k_launch_param_buffer_pointer);
+static_assert(CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT == layerswap::profiler::k_launch_param_buffer_size);
+
+namespace layerswap::profiler {
+
+namespace {
+
+// ---- run-time bound entry points ----
+
+struct cupti_api {
+  decltype(&::cuptiSubscribe) subscribe = nullptr;
+  decltype(&::cuptiUnsubscribe) unsubscribe = nullptr;
+  decltype(&::cuptiEnableCallback) enable_callback = nullptr;
+  decltype(&::cuptiGetResultString) result_string = nullptr;
+};
+
+struct cuda_api {
+  decltype(&::cudaFuncGetParamInfo) func_get_param_info = nullptr;
+  decltype(&::cudaPeekAtLastError) peek_at_last_error = nullptr;
+  decltype(&::cudaGetLastError) get_last_error = nullptr;
+  decltype(&::cuKernelGetParamInfo) kernel_get_param_info = nullptr;
+  decltype(&::cuFuncGetParamInfo) func_get_param_info_driver = nullptr;
+};
+
+struct state {
+  std::mutex mutex;  // control operations only
+  bool loaded = false;
+  bool load_tried = false;
+  std::string problem;
+  cupti_api cupti;
+  cuda_api cuda;
+  CUpti_SubscriberHandle subscriber = nullptr;
+  tracker_core* core = nullptr;  // never destroyed: callbacks may be in flight at any time
+  std::atomic<bool> active{false};
+  std::atomic<bool> paused{false};
+  std::atomic<bool> busy{false};
+  bool busy_reported = false;
+  bool exit_hook = false;
+};
+
+state& the_state() {
+  static auto* s = new state();
+  return *s;
+}
+
+// The core the callback writes to; published once, never changes.
+std::atomic<tracker_core*> g_core{nullptr};
+cuda_api g_cuda;  // written before the first subscribe, read-only afterwards
+std::atomic<std::uint32_t> g_generation{0};
+
+void* open_library(const char* const* names, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    if (void* h = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD)) return h;
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    if (void* h = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL)) return h;
+  }
+  return nullptr;
+}
+
+template <class Fn>
+void resolve(void* library, const char* name, Fn& slot) {
+  slot = reinterpret_cast<Fn>(dlsym(library, name));
+}
+
+bool load_locked(state& s) {
+  if (s.load_tried) return s.loaded;
+  s.load_tried = true;
+  static constexpr const char* k_cupti[] = {
+      "libcupti.so.13", "libcupti.so", "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13",
+      "/usr/local/cuda/lib64/libcupti.so.13", "/usr/local/cuda/targets/x86_64-linux/lib/libcupti.so.13"};
+  void* cupti = open_library(k_cupti, std::size(k_cupti));
+  if (cupti == nullptr) {
+    s.problem = "CUPTI (libcupti.so.13) was not found; add its folder to LD_LIBRARY_PATH";
+    return false;
+  }
+  resolve(cupti, "cuptiSubscribe", s.cupti.subscribe);
+  resolve(cupti, "cuptiUnsubscribe", s.cupti.unsubscribe);
+  resolve(cupti, "cuptiEnableCallback", s.cupti.enable_callback);
+  resolve(cupti, "cuptiGetResultString", s.cupti.result_string);
+  if (!s.cupti.subscribe || !s.cupti.unsubscribe || !s.cupti.enable_callback) {
+    s.problem = "the CUPTI library found lacks cuptiSubscribe/cuptiEnableCallback";
+    return false;
+  }
+
+  // The CUDA runtime the application uses (Note [Run-time binding]).
+  cuda_api c;
+  resolve(RTLD_DEFAULT, "cudaFuncGetParamInfo", c.func_get_param_info);
+  resolve(RTLD_DEFAULT, "cudaPeekAtLastError", c.peek_at_last_error);
+  resolve(RTLD_DEFAULT, "cudaGetLastError", c.get_last_error);
+  if (!c.func_get_param_info || !c.peek_at_last_error || !c.get_last_error) {
+    if (void* rt = dlopen("libcudart.so.13", RTLD_NOW | RTLD_NOLOAD)) {
+      resolve(rt, "cudaFuncGetParamInfo", c.func_get_param_info);
+      resolve(rt, "cudaPeekAtLastError", c.peek_at_last_error);
+      resolve(rt, "cudaGetLastError", c.get_last_error);
+    }
+  }
+  if (!c.func_get_param_info || !c.peek_at_last_error || !c.get_last_error) c = cuda_api{};
+
+  // The driver's param info, through cuGetProcAddress as runtime/cuda_driver.cpp does.
+  if (void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL)) {
+    using get_proc_fn = decltype(&::cuGetProcAddress);
+    auto get_proc = reinterpret_cast<get_proc_fn>(dlsym(cuda, "cuGetProcAddress_v2"));
+    if (get_proc) {
+      const auto get = [&](const char* name, auto& slot) {
+        for (const int version : {13000, 12040}) {
+          void* address = nullptr;
+          CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+          if (get_proc(name, &address, version, CU_GET_PROC_ADDRESS_DEFAULT, &status) == CUDA_SUCCESS && address &&
+              status == CU_GET_PROC_ADDRESS_SUCCESS) {
+            slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(address);
+            return;
+          }
+        }
+      };
+      get("cuKernelGetParamInfo", c.kernel_get_param_info);
+      get("cuFuncGetParamInfo", c.func_get_param_info_driver);
+    }
+  }
+  g_cuda = c;
+  s.loaded = true;
+  return true;
+}
+
+// ---- param info queries (layout_cache::find_or_add) ----
+
+query_status runtime_query(void*, std::uint64_t function, std::uint32_t index, param_slot& out) noexcept {
+  const cuda_api& c = g_cuda;
+  if (index == 0 && c.peek_at_last_error() != cudaSuccess) return query_status::later;  // Note [Param info ...]
+  std::size_t offset = 0;
+  std::size_t size = 0;
+  const cudaError_t r = c.func_get_param_info(reinterpret_cast<const void*>(function), index, &offset, &size);
+  if (r == cudaSuccess) {
+    out = param_slot{static_cast<std::uint32_t>(offset), static_cast<std::uint32_t>(size)};
+    return query_status::ok;
+  }
+  c.get_last_error();
+  return r == cudaErrorInvalidValue ? query_status::end : query_status::error;
+}
+
+// Context of driver_query: which call answers for this function, decided at parameter 0.
+struct driver_query_context {
+  bool use_kernel = false;
+};
+
+query_status driver_query(void* context, std::uint64_t function, std::uint32_t index, param_slot& out) noexcept {
+  const cuda_api& c = g_cuda;
+  auto& ctx = *static_cast<driver_query_context*>(context);
+  std::size_t offset = 0;
+  std::size_t size = 0;
+  CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+  if (index == 0) {
+    // A CUfunction (Triton's cuModuleGetFunction) answers cuFuncGetParamInfo; a CUkernel (library kernels,
+    // runtime launches) fails it with 400 and answers cuKernelGetParamInfo (DESIGN.md).
+    ctx.use_kernel = false;
+    if (c.func_get_param_info_driver) {
+      r = c.func_get_param_info_driver(reinterpret_cast<CUfunction>(function), 0, &offset, &size);
+    }
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE && c.kernel_get_param_info) {
+      ctx.use_kernel = true;
+      r = c.kernel_get_param_info(reinterpret_cast<CUkernel>(function), 0, &offset, &size);
+    }
+  } else if (ctx.use_kernel) {
+    if (c.kernel_get_param_info) r = c.kernel_get_param_info(reinterpret_cast<CUkernel>(function), index, &offset, &size);
+  } else if (c.func_get_param_info_driver) {
+    r = c.func_get_param_info_driver(reinterpret_cast<CUfunction>(function), index, &offset, &size);
+  }
+  if (r == CUDA_SUCCESS) {
+    out = param_slot{static_cast<std::uint32_t>(offset), static_cast<std::uint32_t>(size)};
+    return query_status::ok;
+  }
+  return r == CUDA_ERROR_INVALID_VALUE ? query_status::end : query_status::error;
+}
+
+// ---- the callback ----
+
+struct thread_scratch {
+  std::uint32_t generation = 0;
+  launch_nesting nesting;
+  region_set regions;
+  param_slot params[k_max_params];
+};
+thread_local thread_scratch t_scratch;
+
+void add_pointer(region_set& set, std::uint64_t address) noexcept {
+  if (const region_id id = region_map::lookup(address)) set.add(id);
+}
+
+std::uint64_t stream_value(const void* stream) noexcept { return reinterpret_cast<std::uint64_t>(stream); }
+
+// A kernel launch with either kernelParams (+ layout) or an extra buffer.
+void record_kernel(tracker_core& core, thread_scratch& t, bool runtime, std::uint64_t function, const char* name,
+                   std::uint64_t stream, void* const* args, void* const* extra) noexcept {
+  region_set& regions = t.regions;
+  regions.clear();
+  undecoded_reason reason = undecoded_reason::none;
+  driver_query_context ctx;
+  const layout_lookup found = core.layouts().find_or_add(function, name, runtime ? runtime_query : driver_query,
+                                                         &ctx, t.params);
+  if (args != nullptr) {
+    if (found.has_layout) {
+      decode_params(found.layout, args, region_map::lookup, regions);
+    } else {
+      reason = undecoded_reason::no_layout;
+    }
+  } else if (const extra_buffer buffer = parse_extra(extra); buffer.data != nullptr) {
+    scan_words(buffer.data, buffer.size, region_map::lookup, regions);
+  } else {
+    reason = undecoded_reason::no_args;
+  }
+  if (regions.count > 0) reason = undecoded_reason::none;
+  core.record(launch_kind::kernel, stream, found.kernel, reason, regions);
+}
+
+void record_copy(tracker_core& core, thread_scratch& t, launch_kind kind, std::uint64_t stream, std::uint64_t dst,
+                 std::uint64_t src) noexcept {
+  region_set& regions = t.regions;
+  regions.clear();
+  add_pointer(regions, dst);
+  if (src != 0) add_pointer(regions, src);
+  core.record(kind, stream, 0, undecoded_reason::none, regions);
+}
+
+template <class P>
+const P& params_of(const CUpti_CallbackData* info) noexcept {
+  return *static_cast<const P*>(info->functionParams);
+}
+
+std::uint64_t u64(const void* p) noexcept { return reinterpret_cast<std::uint64_t>(p); }
+
+void on_runtime(tracker_core& core, thread_scratch& t, CUpti_CallbackId cbid, const CUpti_CallbackData* info) noexcept {
+  switch (cbid) {
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000: {
+      const auto& p = params_of<cudaLaunchKernel_v7000_params>(info);
+      record_kernel(core, t, true, u64(p.func), info->symbolName, stream_value(p.stream), p.args, nullptr);
+      break;
+    }
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000: {
+      const auto& p = params_of<cudaLaunchCooperativeKernel_v9000_params>(info);
+      record_kernel(core, t, true, u64(p.func), info->symbolName, stream_value(p.stream), p.args, nullptr);
+      break;
+    }
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060: {
+      const auto& p = params_of<cudaLaunchKernelExC_v11060_params>(info);
+      record_kernel(core, t, true, u64(p.func), info->symbolName, p.config ? stream_value(p.config->stream) : 0,
+                    p.args, nullptr);
+      break;
+    }
+    case CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000: {
+      const auto& p = params_of<cudaGraphLaunch_v10000_params>(info);
+      t.regions.clear();
+      core.record(launch_kind::graph, stream_value(p.stream), 0, undecoded_reason::graph, t.regions);
+      break;
+    }
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000: {
+      const auto& p = params_of<cudaMemcpyAsync_v3020_params>(info);
+      record_copy(core, t, launch_kind::memcpy, stream_value(p.stream), u64(p.dst), u64(p.src));
+      break;
+    }
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020: {
+      const auto& p = params_of<cudaMemcpy_v3020_params>(info);
+      record_copy(core, t, launch_kind::memcpy, 0, u64(p.dst), u64(p.src));
+      break;
+    }
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_ptsz_v7000: {
+      const auto& p = params_of<cudaMemsetAsync_v3020_params>(info);
+      record_copy(core, t, launch_kind::memset, stream_value(p.stream), u64(p.devPtr), 0);
+      break;
+    }
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemset_v3020: {
+      const auto& p = params_of<cudaMemset_v3020_params>(info);
+      record_copy(core, t, launch_kind::memset, 0, u64(p.devPtr), 0);
+      break;
+    }
+    default: break;
+  }
+}
+
+void on_driver(tracker_core& core, thread_scratch& t, CUpti_CallbackId cbid, const CUpti_CallbackData* info) noexcept {
+  switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz: {
+      const auto& p = params_of<cuLaunchKernel_params>(info);
+      record_kernel(core, t, false, u64(p.f), info->symbolName, stream_value(p.hStream), p.kernelParams, p.extra);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz: {
+      const auto& p = params_of<cuLaunchCooperativeKernel_params>(info);
+      record_kernel(core, t, false, u64(p.f), info->symbolName, stream_value(p.hStream), p.kernelParams, nullptr);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz: {
+      const auto& p = params_of<cuLaunchKernelEx_params>(info);
+      record_kernel(core, t, false, u64(p.f), info->symbolName, p.config ? stream_value(p.config->hStream) : 0,
+                    p.kernelParams, p.extra);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz: {
+      const auto& p = params_of<cuGraphLaunch_params>(info);
+      t.regions.clear();
+      core.record(launch_kind::graph, stream_value(p.hStream), 0, undecoded_reason::graph, t.regions);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz: {
+      const auto& p = params_of<cuMemcpyAsync_params>(info);
+      record_copy(core, t, launch_kind::memcpy, stream_value(p.hStream), p.dst, p.src);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpy:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpy_ptds: {
+      const auto& p = params_of<cuMemcpy_params>(info);
+      record_copy(core, t, launch_kind::memcpy, 0, p.dst, p.src);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz: {
+      const auto& p = params_of<cuMemcpyDtoDAsync_v2_params>(info);
+      record_copy(core, t, launch_kind::memcpy, stream_value(p.hStream), p.dstDevice, p.srcDevice);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz: {
+      const auto& p = params_of<cuMemcpyHtoDAsync_v2_params>(info);
+      record_copy(core, t, launch_kind::memcpy, stream_value(p.hStream), p.dstDevice, 0);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz: {
+      const auto& p = params_of<cuMemcpyDtoHAsync_v2_params>(info);
+      record_copy(core, t, launch_kind::memcpy, stream_value(p.hStream), p.srcDevice, 0);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2_ptds: {
+      const auto& p = params_of<cuMemcpyDtoD_v2_params>(info);
+      record_copy(core, t, launch_kind::memcpy, 0, p.dstDevice, p.srcDevice);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2_ptds: {
+      const auto& p = params_of<cuMemcpyHtoD_v2_params>(info);
+      record_copy(core, t, launch_kind::memcpy, 0, p.dstDevice, 0);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2_ptds: {
+      const auto& p = params_of<cuMemcpyDtoH_v2_params>(info);
+      record_copy(core, t, launch_kind::memcpy, 0, p.srcDevice, 0);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyPeerAsync: {
+      const auto& p = params_of<cuMemcpyPeerAsync_params>(info);
+      record_copy(core, t, launch_kind::memcpy, stream_value(p.hStream), p.dstDevice, p.srcDevice);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async: {
+      const auto& p = params_of<cuMemsetD8Async_params>(info);
+      record_copy(core, t, launch_kind::memset, stream_value(p.hStream), p.dstDevice, 0);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async: {
+      const auto& p = params_of<cuMemsetD16Async_params>(info);
+      record_copy(core, t, launch_kind::memset, stream_value(p.hStream), p.dstDevice, 0);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async: {
+      const auto& p = params_of<cuMemsetD32Async_params>(info);
+      record_copy(core, t, launch_kind::memset, stream_value(p.hStream), p.dstDevice, 0);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2_ptds: {
+      const auto& p = params_of<cuMemsetD8_v2_params>(info);
+      record_copy(core, t, launch_kind::memset, 0, p.dstDevice, 0);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2_ptds: {
+      const auto& p = params_of<cuMemsetD32_v2_params>(info);
+      record_copy(core, t, launch_kind::memset, 0, p.dstDevice, 0);
+      break;
+    }
+    default: break;
+  }
+}
+
+void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) noexcept {
+  tracker_core* core = g_core.load(std::memory_order_acquire);
+  if (core == nullptr) return;
+  const auto* info = static_cast<const CUpti_CallbackData*>(data);
+  thread_scratch& t = t_scratch;
+  const std::uint32_t generation = g_generation.load(std::memory_order_relaxed);
+  if (t.generation != generation) {  // a new subscription: forget nesting left over from the last one
+    t.generation = generation;
+    t.nesting = launch_nesting{};
+  }
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+    if (info->callbackSite == CUPTI_API_EXIT) {
+      t.nesting.runtime_exit();
+      return;
+    }
+    t.nesting.runtime_enter();
+    on_runtime(*core, t, cbid, info);
+  } else if (domain == CUPTI_CB_DOMAIN_DRIVER_API) {
+    if (info->callbackSite != CUPTI_API_ENTER) return;
+    if (t.nesting.driver_is_nested()) {
+      core->count_nested();
+      return;
+    }
+    on_driver(*core, t, cbid, info);
+  }
+}
+
+constexpr CUpti_CallbackId k_runtime_cbids[] = {
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaMemset_v3020,
+};
+
+constexpr CUpti_CallbackId k_driver_cbids[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpy,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpy_ptds,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2_ptds,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2_ptds,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2_ptds,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyPeerAsync,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2_ptds,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2_ptds,
+};
+
+std::string result_text(const state& s, CUptiResult r) {
+  const char* text = nullptr;
+  if (s.cupti.result_string) s.cupti.result_string(r, &text);
+  return text ? std::string(text) : "CUPTI error " + std::to_string(static_cast<int>(r));
+}
+
+void at_exit() {
+  tracker_core* core = g_core.load(std::memory_order_acquire);
+  if (core == nullptr) return;
+  core->stop_consumer();
+  try {
+    core->consume();
+  } catch (...) {
+  }
+  core->close_trace();
+}
+
+bool subscribe_locked(state& s) {
+  if (s.active.load()) return true;
+  if (!load_locked(s)) return false;
+  if (s.core == nullptr) {
+    tracker_options options;
+    try {
+      options.trace_path = global_config().trace;
+    } catch (...) {
+    }
+    s.core = new tracker_core(options);
+    g_core.store(s.core, std::memory_order_release);
+  }
+  const CUptiResult r = s.cupti.subscribe(&s.subscriber, reinterpret_cast<CUpti_CallbackFunc>(&on_callback), nullptr);
+  if (r != CUPTI_SUCCESS) {
+    s.subscriber = nullptr;
+    if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+      s.busy.store(true);
+      s.problem = "another CUPTI subscriber (nsys, ncu or a torch.profiler started earlier) holds CUPTI";
+      if (!s.busy_reported) {
+        s.busy_reported = true;
+        LAYERSWAP_LOG(warn, "%s; layerswap runs on without launch tracking (see docs/tracker.md)", s.problem.c_str());
+      }
+    } else {
+      s.problem = "cuptiSubscribe failed: " + result_text(s, r);
+      LAYERSWAP_LOG(warn, "%s; layerswap runs on without launch tracking", s.problem.c_str());
+    }
+    return false;
+  }
+  s.busy.store(false);
+  g_generation.fetch_add(1, std::memory_order_relaxed);
+  bool all = true;
+  if (g_cuda.func_get_param_info) {  // else the driver callbacks decode everything (Note [Run-time binding])
+    for (const CUpti_CallbackId cbid : k_runtime_cbids) {
+      all &= s.cupti.enable_callback(1, s.subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, cbid) == CUPTI_SUCCESS;
+    }
+  }
+  for (const CUpti_CallbackId cbid : k_driver_cbids) {
+    all &= s.cupti.enable_callback(1, s.subscriber, CUPTI_CB_DOMAIN_DRIVER_API, cbid) == CUPTI_SUCCESS;
+  }
+  if (!all) LAYERSWAP_LOG(info, "some CUPTI launch callbacks could not be enabled");
+  s.problem.clear();
+  s.core->start_consumer();
+  s.active.store(true);
+  if (!s.exit_hook) {
+    s.exit_hook = true;
+    std::atexit(at_exit);
+  }
+  LAYERSWAP_LOG(info, "launch tracker on (runtime callbacks %s)", g_cuda.func_get_param_info ? "on" : "off");
+  return true;
+}
+
+void unsubscribe_locked(state& s) {
+  if (!s.active.load()) return;
+  s.cupti.unsubscribe(s.subscriber);
+  s.subscriber = nullptr;
+  s.active.store(false);
+  s.core->stop_consumer();
+  s.core->consume();
+}
+
+}  // namespace
+
+bool tracker_start() noexcept {
+  try {
+    state& s = the_state();
+    std::lock_guard lock(s.mutex);
+    s.paused.store(false);
+    return subscribe_locked(s);
+  } catch (const std::exception& e) {
+    LAYERSWAP_LOG(warn, "the launch tracker could not start: %s", e.what());
+    return false;
+  } catch (...) {
+    return false;
+  }
+}
+
+void tracker_stop() noexcept {
+  try {
+    state& s = the_state();
+    std::lock_guard lock(s.mutex);
+    s.paused.store(false);
+    unsubscribe_locked(s);
+  } catch (...) {
+  }
+}
+
+bool tracker_pause() noexcept {
+  try {
+    state& s = the_state();
+    std::lock_guard lock(s.mutex);
+    if (!s.active.load()) return false;
+    unsubscribe_locked(s);
+    s.paused.store(true);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+bool tracker_resume() noexcept {
+  try {
+    state& s = the_state();
+    std::lock_guard lock(s.mutex);
+    if (!s.paused.load()) return s.active.load();
+    s.paused.store(false);
+    return subscribe_locked(s);
+  } catch (...) {
+    return false;
+  }
+}
+
+bool tracker_active() noexcept { return the_state().active.load(); }
+bool tracker_paused() noexcept { return the_state().paused.load(); }
+bool tracker_subscriber_busy() noexcept { return the_state().busy.load(); }
+
+std::string tracker_problem() {
+  state& s = the_state();
+  std::lock_guard lock(s.mutex);
+  return s.problem;
+}
+
+tracker_core* tracker_instance() noexcept { return g_core.load(std::memory_order_acquire); }
+
+}  // namespace layerswap::profiler
+
+#else  // LAYERSWAP_NO_CUPTI: built without cupti.h; the tracker never starts.
+
+#include "profiler/tracker.hpp"
+
+namespace layerswap::profiler {
+bool tracker_start() noexcept { return false; }
+void tracker_stop() noexcept {}
+bool tracker_pause() noexcept { return false; }
+bool tracker_resume() noexcept { return false; }
+bool tracker_active() noexcept { return false; }
+bool tracker_paused() noexcept { return false; }
+bool tracker_subscriber_busy() noexcept { return false; }
+std::string tracker_problem() { return "layerswap was built without the CUPTI headers"; }
+tracker_core* tracker_instance() noexcept { return nullptr; }
+}  // namespace layerswap::profiler
+
+#endif

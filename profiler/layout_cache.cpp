@@ -1,0 +1,154 @@
+// The layout cache (layout_cache.hpp).
+//
+// Entry states: filling (claimed, being written), ready, failed (queries failed: no layout), retry (the query
+// said `later`: the next launch refills it), uncached (the parameter pool is full: every launch queries).
+#include "profiler/layout_cache.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+namespace layerswap::profiler {
+
+namespace {
+constexpr std::uint8_t k_filling = 0;
+constexpr std::uint8_t k_ready = 1;
+constexpr std::uint8_t k_failed = 2;
+constexpr std::uint8_t k_retry = 3;
+constexpr std::uint8_t k_uncached = 4;
+
+// Queries every parameter into `out` (k_max_params slots).
+query_status query_all(std::uint64_t function, param_query_fn query, void* context, param_slot* out,
+                       std::uint32_t& count, bool& truncated) noexcept {
+  count = 0;
+  truncated = false;
+  for (std::uint32_t i = 0;; ++i) {
+    if (i == static_cast<std::uint32_t>(k_max_params)) {
+      param_slot probe;
+      truncated = query(context, function, i, probe) == query_status::ok;
+      return query_status::ok;
+    }
+    const query_status s = query(context, function, i, out[i]);
+    if (s == query_status::end) return query_status::ok;
+    if (s == query_status::later) return s;
+    if (s == query_status::error) return i > 0 ? query_status::ok : s;  // keep the parameters read before
+    ++count;
+  }
+}
+
+std::size_t hash(std::uint64_t key) noexcept {
+  key ^= key >> 33;
+  key *= 0xff51afd7ed558ccdULL;
+  key ^= key >> 33;
+  return static_cast<std::size_t>(key);
+}
+
+}  // namespace
+
+struct layout_cache::entry {
+  std::atomic<std::uint64_t> key{0};
+  std::atomic<std::uint8_t> state{k_filling};
+  bool truncated = false;
+  std::uint32_t first = 0;  // into params_
+  std::uint32_t count = 0;
+  std::atomic<std::uint32_t> name_offset{0};
+  std::atomic<std::uint32_t> name_length{0};
+};
+
+layout_cache::layout_cache(std::size_t entries, std::size_t param_pool, std::size_t name_pool)
+    : param_capacity_(param_pool), name_capacity_(name_pool) {
+  const std::size_t n = std::bit_ceil(std::max<std::size_t>(entries, 16));
+  entries_ = new entry[n];
+  mask_ = n - 1;
+  params_ = std::make_unique<param_slot[]>(param_pool);
+  names_ = std::make_unique<char[]>(name_pool);
+}
+
+layout_cache::~layout_cache() { delete[] entries_; }
+
+layout_lookup layout_cache::find_or_add(std::uint64_t function, const char* name, param_query_fn query,
+                                        void* context, param_slot* scratch) noexcept {
+  layout_lookup out;
+  const auto from_scratch = [&](std::uint32_t kernel, query_status s, std::uint32_t count) {
+    out.kernel = kernel;
+    out.has_layout = s == query_status::ok;
+    out.layout = param_layout{scratch, count};
+    return out;
+  };
+  const auto uncached = [&](std::uint32_t kernel) {
+    uncached_.fetch_add(1, std::memory_order_relaxed);
+    std::uint32_t count = 0;
+    const query_status s = query_all(function, query, context, scratch, count, out.truncated);
+    return from_scratch(kernel, s, count);
+  };
+  // Fills a claimed entry (state filling) and publishes it.
+  const auto fill = [&](entry& e, std::uint32_t kernel) {
+    std::uint32_t count = 0;
+    const query_status s = query_all(function, query, context, scratch, count, out.truncated);
+    if (s == query_status::later) {
+      e.state.store(k_retry, std::memory_order_release);
+      return from_scratch(kernel, s, count);
+    }
+    const std::size_t first = params_used_.fetch_add(count, std::memory_order_relaxed);
+    if (first + count > param_capacity_) {
+      e.state.store(k_uncached, std::memory_order_release);
+      uncached_.fetch_add(1, std::memory_order_relaxed);
+      return from_scratch(kernel, s, count);
+    }
+    std::copy_n(scratch, count, params_.get() + first);
+    e.first = static_cast<std::uint32_t>(first);
+    e.count = count;
+    e.truncated = out.truncated;
+    e.state.store(s == query_status::ok ? k_ready : k_failed, std::memory_order_release);
+    out.kernel = kernel;
+    out.has_layout = s == query_status::ok;
+    out.layout = param_layout{params_.get() + first, count};
+    return out;
+  };
+
+  for (std::size_t probe = 0, i = hash(function) & mask_; probe <= mask_; ++probe, i = (i + 1) & mask_) {
+    entry& e = entries_[i];
+    const auto kernel = static_cast<std::uint32_t>(i + 1);
+    std::uint64_t key = e.key.load(std::memory_order_acquire);
+    if (key == 0) {
+      if (!e.key.compare_exchange_strong(key, function, std::memory_order_acq_rel)) {
+        if (key != function) continue;  // another function took the slot
+        return uncached(kernel);        // the same function, being filled by another thread
+      }
+      used_.fetch_add(1, std::memory_order_relaxed);
+      if (name != nullptr) {
+        const std::size_t length = std::min(std::strlen(name), k_max_name);
+        const std::size_t at = names_used_.fetch_add(length, std::memory_order_relaxed);
+        if (length > 0 && at + length <= name_capacity_) {
+          std::memcpy(names_.get() + at, name, length);
+          e.name_offset.store(static_cast<std::uint32_t>(at), std::memory_order_relaxed);
+          e.name_length.store(static_cast<std::uint32_t>(length), std::memory_order_release);
+        }
+      }
+      return fill(e, kernel);
+    }
+    if (key != function) continue;
+    std::uint8_t state = e.state.load(std::memory_order_acquire);
+    if (state == k_retry) {
+      if (e.state.compare_exchange_strong(state, k_filling, std::memory_order_acq_rel)) return fill(e, kernel);
+      return uncached(kernel);
+    }
+    if (state == k_filling || state == k_uncached) return uncached(kernel);
+    out.kernel = kernel;
+    out.has_layout = state == k_ready;
+    out.truncated = e.truncated;
+    out.layout = param_layout{params_.get() + e.first, e.count};
+    return out;
+  }
+  return uncached(0);  // table full
+}
+
+std::string_view layout_cache::name(std::uint32_t kernel) const noexcept {
+  if (kernel == 0 || kernel > mask_ + 1) return {};
+  const entry& e = entries_[kernel - 1];
+  const std::uint32_t length = e.name_length.load(std::memory_order_acquire);
+  if (length == 0) return {};
+  return {names_.get() + e.name_offset.load(std::memory_order_relaxed), length};
+}
+
+}  // namespace layerswap::profiler

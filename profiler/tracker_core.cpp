@@ -1,0 +1,204 @@
+// The tracker's CUPTI-free core (tracker_core.hpp).
+#include "profiler/tracker_core.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include "runtime/log.hpp"
+
+namespace layerswap::profiler {
+
+std::uint64_t now_ns() noexcept {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
+
+const char* reason_name(undecoded_reason r) noexcept {
+  switch (r) {
+    case undecoded_reason::none: return "none";
+    case undecoded_reason::no_layout: return "no_layout";
+    case undecoded_reason::no_args: return "no_args";
+    case undecoded_reason::graph: return "graph";
+    case undecoded_reason::count_: break;
+  }
+  return "?";
+}
+
+tracker_core::tracker_core(tracker_options options)
+    : options_(std::move(options)), ring_(options_.ring_capacity), origin_ns_(now_ns()) {
+  if (!options_.trace_path.empty()) {
+    if (trace_.open(options_.trace_path, options_.trace_max_events)) {
+      LAYERSWAP_LOG(info, "writing a launch trace to %s", options_.trace_path.c_str());
+    } else {
+      LAYERSWAP_LOG(warn, "LAYERSWAP_TRACE=%s: cannot create the file; no trace is written",
+                    options_.trace_path.c_str());
+    }
+  }
+}
+
+tracker_core::~tracker_core() {
+  stop_consumer();
+  try {
+    consume();
+  } catch (...) {
+  }
+  close_trace();
+}
+
+void tracker_core::record(launch_kind kind, std::uint64_t stream, std::uint32_t kernel, undecoded_reason reason,
+                          const region_set& regions) noexcept {
+  const std::uint64_t launch = next_launch_.fetch_add(1, std::memory_order_relaxed);
+  const std::uint64_t time = now_ns();
+  int done = 0;
+  bool first = true;
+  do {
+    const int n = std::min(regions.count - done, k_event_regions);
+    const bool pushed = ring_.try_emplace([&](access_event& e) {
+      e.launch_no = launch;
+      e.stream = stream;
+      e.time_ns = time;
+      e.kernel = kernel;
+      e.kind = kind;
+      e.reason = reason;
+      e.nregions = static_cast<std::uint8_t>(n);
+      e.flags = static_cast<std::uint8_t>((first ? 0 : k_flag_continued) | (regions.truncated ? k_flag_truncated : 0));
+      std::copy_n(regions.ids + done, n, e.regions);
+    });
+    if (!pushed) {
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    done += n;
+    first = false;
+  } while (done < regions.count);
+}
+
+void tracker_core::consume_one_locked(const access_event& e) {
+  if (trace_.is_open()) trace_.write(e, kernel_name(e.kind, e.kernel), origin_ns_);
+  if (e.flags & k_flag_continued) {
+    // Continue the launch's entry (usually the newest; another thread's launches may sit in between).
+    for (auto it = recent_.rbegin(); it != recent_.rend() && it - recent_.rbegin() < 64; ++it) {
+      if (it->launch_no == e.launch_no) {
+        it->regions.insert(it->regions.end(), e.regions, e.regions + e.nregions);
+        break;
+      }
+    }
+    return;
+  }
+  tracker_stats& s = stats_;
+  ++s.launches;
+  switch (e.kind) {
+    case launch_kind::kernel: ++s.kernels; break;
+    case launch_kind::memcpy: ++s.copies; break;
+    case launch_kind::memset: ++s.memsets; break;
+    case launch_kind::graph: ++s.graphs; break;
+  }
+  if (e.reason == undecoded_reason::none) ++s.decoded;
+  ++s.undecoded[static_cast<int>(e.reason)];
+  if (e.nregions > 0) ++s.with_regions;
+  if (e.flags & k_flag_truncated) ++s.truncated;
+  if (e.kind == launch_kind::kernel && e.nregions == 0) ++no_region_by_kernel_[e.kernel];
+
+  if (recent_.size() >= options_.recent_capacity) {
+    recent_.pop_front();
+    ++s.recent_dropped;
+  }
+  drained_event d;
+  d.launch_no = e.launch_no;
+  d.stream = e.stream;
+  d.kernel = e.kernel;
+  d.kind = e.kind;
+  d.regions.assign(e.regions, e.regions + e.nregions);
+  recent_.push_back(std::move(d));
+}
+
+std::size_t tracker_core::consume() {
+  std::lock_guard lock(mutex_);
+  std::size_t n = 0;
+  access_event e;
+  while (ring_.try_pop(e)) {
+    consume_one_locked(e);
+    ++n;
+  }
+  return n;
+}
+
+void tracker_core::start_consumer() {
+  std::lock_guard lock(thread_mutex_);
+  if (thread_.joinable()) return;
+  stopping_ = false;
+  thread_ = std::thread([this] {
+    std::unique_lock lock(thread_mutex_);
+    while (!stopping_) {
+      lock.unlock();
+      std::size_t n = 0;
+      try {
+        n = consume();
+      } catch (...) {
+      }
+      lock.lock();
+      // Producers never signal (that would be a syscall on the hot path): poll, faster while busy.
+      if (n == 0) wake_.wait_for(lock, std::chrono::milliseconds(2));
+    }
+  });
+}
+
+void tracker_core::stop_consumer() noexcept {
+  {
+    std::lock_guard lock(thread_mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+tracker_stats tracker_core::stats() {
+  consume();
+  std::lock_guard lock(mutex_);
+  tracker_stats s = stats_;
+  s.dropped = dropped_.load(std::memory_order_relaxed);
+  s.nested_skipped = nested_.load(std::memory_order_relaxed);
+  s.trace_written = trace_.written();
+  s.trace_skipped = trace_.skipped();
+  s.functions = layouts_.functions();
+  std::map<std::string, std::uint64_t> families;
+  for (const auto& [kernel, count] : no_region_by_kernel_) {
+    const std::string name = kernel_name(launch_kind::kernel, kernel);
+    families[std::string(kernel_family(name))] += count;
+  }
+  s.no_region_families.assign(families.begin(), families.end());
+  std::sort(s.no_region_families.begin(), s.no_region_families.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  return s;
+}
+
+std::vector<drained_event> tracker_core::drain(std::size_t max) {
+  consume();
+  std::lock_guard lock(mutex_);
+  const std::size_t n = std::min(max, recent_.size());
+  std::vector<drained_event> out(std::make_move_iterator(recent_.begin()),
+                                 std::make_move_iterator(recent_.begin() + static_cast<std::ptrdiff_t>(n)));
+  recent_.erase(recent_.begin(), recent_.begin() + static_cast<std::ptrdiff_t>(n));
+  return out;
+}
+
+std::string tracker_core::kernel_name(launch_kind kind, std::uint32_t kernel) const {
+  switch (kind) {
+    case launch_kind::memcpy: return "memcpy";
+    case launch_kind::memset: return "memset";
+    case launch_kind::graph: return "graph";
+    case launch_kind::kernel: break;
+  }
+  const std::string_view name = layouts_.name(kernel);
+  if (!name.empty()) return std::string(name);
+  return "kernel#" + std::to_string(kernel);
+}
+
+void tracker_core::close_trace() {
+  std::lock_guard lock(mutex_);
+  trace_.close();
+}
+
+}  // namespace layerswap::profiler

@@ -1,0 +1,120 @@
+// The launch tracker without CUPTI: what the CUPTI callback hands its decoded launches to, and everything
+// that happens to them afterwards. Plain C++, fed with synthetic launches by the unit tests.
+//
+// Hot path (record(), from any launching thread): numbers the launch, stamps it, and pushes one access event
+// (more when it touched more than k_event_regions regions) into the lock-free ring. No lock, no allocation,
+// no logging; a full ring drops the event and counts it.
+//
+// Consumer (a background thread started with start_consumer(), or any caller of consume(), serialized by a
+// mutex): drains the ring into the statistics, the bounded recent-events buffer that drain() hands to tests
+// and benchmarks (the learner of issue 4 will take its place), and the trace file.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "profiler/access_event.hpp"
+#include "profiler/arg_decoder.hpp"
+#include "profiler/event_ring.hpp"
+#include "profiler/layout_cache.hpp"
+#include "profiler/trace_writer.hpp"
+
+namespace layerswap::profiler {
+
+struct tracker_options {
+  std::size_t ring_capacity = std::size_t{1} << 15;    // events
+  std::size_t recent_capacity = std::size_t{1} << 18;  // launches kept for drain()
+  std::string trace_path;                              // "" = no trace file
+  std::uint64_t trace_max_events = 2'000'000;          // about 300 MB of JSON
+};
+
+struct tracker_stats {
+  std::uint64_t launches = 0;  // kernel launches, copies, memsets and graph launches seen (counted once)
+  std::uint64_t kernels = 0;
+  std::uint64_t copies = 0;
+  std::uint64_t memsets = 0;
+  std::uint64_t graphs = 0;
+  std::uint64_t decoded = 0;   // launches whose arguments were read (a layout, an extra buffer, or a hit)
+  std::uint64_t undecoded[k_undecoded_reasons] = {};
+  std::uint64_t with_regions = 0;     // launches that touched at least one region
+  std::uint64_t truncated = 0;        // launches with more regions than recorded
+  std::uint64_t dropped = 0;          // events lost to a full ring
+  std::uint64_t nested_skipped = 0;   // driver callbacks of runtime calls, not counted again
+  std::uint64_t recent_dropped = 0;   // launches pushed out of the recent buffer before drain()
+  std::uint64_t trace_written = 0;
+  std::uint64_t trace_skipped = 0;
+  std::size_t functions = 0;          // kernels in the layout cache
+  // Launches of kernels where no argument word resolved to a region, by kernel family (decoded or not).
+  std::vector<std::pair<std::string, std::uint64_t>> no_region_families;
+};
+
+struct drained_event {
+  std::uint64_t launch_no = 0;
+  std::uint64_t stream = 0;
+  std::uint32_t kernel = 0;
+  launch_kind kind = launch_kind::kernel;
+  std::vector<region_id> regions;
+};
+
+class tracker_core {
+ public:
+  explicit tracker_core(tracker_options options = {});
+  ~tracker_core();
+  tracker_core(const tracker_core&) = delete;
+  tracker_core& operator=(const tracker_core&) = delete;
+
+  [[nodiscard]] layout_cache& layouts() noexcept { return layouts_; }
+
+  // ---- hot path: any thread, noexcept, no allocation ----
+  void record(launch_kind kind, std::uint64_t stream, std::uint32_t kernel, undecoded_reason reason,
+              const region_set& regions) noexcept;
+  void count_nested() noexcept { nested_.fetch_add(1, std::memory_order_relaxed); }
+
+  // ---- consumer side ----
+  void start_consumer();
+  void stop_consumer() noexcept;
+  // Drains the ring now; returns the events consumed.
+  std::size_t consume();
+  [[nodiscard]] tracker_stats stats();
+  // Consumes, then hands out (and forgets) up to `max` of the oldest recent launches.
+  [[nodiscard]] std::vector<drained_event> drain(std::size_t max);
+  // A printable name for an event's kernel ("memcpy", "memset", "graph", or the kernel's name, or "kernel#N").
+  [[nodiscard]] std::string kernel_name(launch_kind kind, std::uint32_t kernel) const;
+  // Flushes and closes the trace file (at stop and at exit).
+  void close_trace();
+
+ private:
+  void consume_one_locked(const access_event& event);
+
+  tracker_options options_;
+  layout_cache layouts_;
+  event_ring<access_event> ring_;
+  std::atomic<std::uint64_t> next_launch_{1};
+  std::atomic<std::uint64_t> dropped_{0};
+  std::atomic<std::uint64_t> nested_{0};
+  std::uint64_t origin_ns_ = 0;
+
+  std::mutex mutex_;  // the consumer side
+  tracker_stats stats_;
+  std::deque<drained_event> recent_;
+  std::unordered_map<std::uint32_t, std::uint64_t> no_region_by_kernel_;
+  trace_writer trace_;
+
+  std::mutex thread_mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// Steady-clock nanoseconds (the hot path's timestamp).
+[[nodiscard]] std::uint64_t now_ns() noexcept;
+
+}  // namespace layerswap::profiler

@@ -1,0 +1,596 @@
+// The launch tracker without a GPU: argument decoding of synthetic argument buffers (scalars, pointers,
+// structs holding pointers, pointer arrays by value, `extra` buffers), the layout cache, the nesting filter
+// of runtime/driver callbacks, the region map (alone and fed by the caching allocator on the simulated
+// device), the ring under concurrent producers, the tracker core and the trace file.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include "allocator/caching_allocator.hpp"
+#include "allocator/region_map.hpp"
+#include "profiler/arg_decoder.hpp"
+#include "profiler/event_ring.hpp"
+#include "profiler/launch_dedupe.hpp"
+#include "profiler/layout_cache.hpp"
+#include "profiler/trace_writer.hpp"
+#include "profiler/tracker_core.hpp"
+#include "runtime/sim_driver.hpp"
+
+using namespace layerswap;
+using namespace layerswap::profiler;
+
+namespace {
+
+// Synthetic regions: 2 MiB granules from k_base; granule k is region k + 1 for k < 64.
+constexpr std::uint64_t k_base = 0x7f1200000000ULL;
+constexpr std::uint64_t k_granule = std::uint64_t{2} << 20;
+
+region_id fake_lookup(std::uint64_t address) noexcept {
+  if (address < k_base) return 0;
+  const std::uint64_t k = (address - k_base) / k_granule;
+  return k < 64 ? static_cast<region_id>(k + 1) : 0;
+}
+
+std::uint64_t addr(int region, std::uint64_t offset = 0) { return k_base + (region - 1) * k_granule + offset; }
+
+std::set<region_id> as_set(const region_set& s) { return {s.ids, s.ids + s.count}; }
+
+param_layout layout_of(const std::vector<param_slot>& slots) {
+  return param_layout{slots.data(), static_cast<std::uint32_t>(slots.size())};
+}
+
+}  // namespace
+
+// ---- decoding ----
+
+TEST(ArgDecoder, ScalarsMatchNothing) {
+  const int i = 7;
+  const float f = 1.5f;
+  const std::uint64_t n = 4096;
+  const double d = 3.0e9;
+  const std::int64_t minus_one = -1;
+  const std::vector<param_slot> slots = {{0, 4}, {4, 4}, {8, 8}, {16, 8}, {24, 8}};
+  const void* args[] = {&i, &f, &n, &d, &minus_one};
+  region_set out;
+  decode_params(layout_of(slots), args, fake_lookup, out);
+  EXPECT_EQ(out.count, 0);
+  EXPECT_EQ(out.words, 3u);  // the two 4-byte scalars hold no word
+}
+
+TEST(ArgDecoder, PointersAnywhereInsideARegion) {
+  const std::uint64_t a = addr(3), b = addr(5, k_granule - 8), c = addr(3, 1234 * 8);
+  const int n = 10;
+  const std::vector<param_slot> slots = {{0, 8}, {8, 4}, {16, 8}, {24, 8}};
+  const void* args[] = {&a, &n, &b, &c};
+  region_set out;
+  decode_params(layout_of(slots), args, fake_lookup, out);
+  EXPECT_EQ(as_set(out), (std::set<region_id>{3, 5}));
+  EXPECT_FALSE(out.truncated);
+}
+
+TEST(ArgDecoder, StructsByValueHoldingPointers) {
+  // Like TensorIterator's kernels: a struct with sizes, strides and data pointers, passed by value.
+  struct alignas(8) offset_calc {
+    int dims;
+    int pad;
+    std::int64_t sizes[3];
+    std::uint64_t data[2];
+    float alpha;
+  };
+  offset_calc s{};
+  s.dims = 3;
+  s.sizes[0] = 16;
+  s.sizes[1] = 1 << 20;
+  s.sizes[2] = 3;
+  s.data[0] = addr(7, 64);
+  s.data[1] = addr(9);
+  s.alpha = 2.0f;
+  const std::uint64_t out_ptr = addr(11);
+  const std::vector<param_slot> slots = {{0, sizeof(offset_calc)}, {sizeof(offset_calc), 8}};
+  const void* args[] = {&s, &out_ptr};
+  region_set out;
+  decode_params(layout_of(slots), args, fake_lookup, out);
+  EXPECT_EQ(as_set(out), (std::set<region_id>{7, 9, 11}));
+}
+
+TEST(ArgDecoder, PointerArraysByValueAreDeduplicated) {
+  // Like foreach kernels' TensorListMetadata: addresses[4][110] by value, many in the same region.
+  struct metadata {
+    std::uint64_t addresses[4][110];
+    std::int64_t numel[110];
+    unsigned char block_to_tensor[320];
+  };
+  auto m = std::make_unique<metadata>();
+  std::memset(m.get(), 0, sizeof(metadata));
+  for (int list = 0; list < 4; ++list) {
+    for (int t = 0; t < 110; ++t) {
+      m->addresses[list][t] = addr(1 + (list * 110 + t) % 40, static_cast<std::uint64_t>(t) * 256);
+      m->numel[t] = 1000 + t;
+    }
+  }
+  const std::vector<param_slot> slots = {{0, sizeof(metadata)}};
+  const void* args[] = {m.get()};
+  region_set out;
+  decode_params(layout_of(slots), args, fake_lookup, out);
+  EXPECT_EQ(out.count, 40);
+  EXPECT_EQ(as_set(out).size(), 40u);
+}
+
+TEST(ArgDecoder, NullArgumentsAndShortTailsAreSkipped) {
+  unsigned char tail[12] = {};
+  const std::uint64_t a = addr(2);
+  std::memcpy(tail, &a, 8);
+  const std::vector<param_slot> slots = {{0, 8}, {8, 12}};
+  const void* args[] = {nullptr, tail};
+  region_set out;
+  decode_params(layout_of(slots), args, fake_lookup, out);
+  EXPECT_EQ(as_set(out), (std::set<region_id>{2}));
+  region_set none;
+  decode_params(layout_of(slots), nullptr, fake_lookup, none);
+  EXPECT_EQ(none.count, 0);
+}
+
+TEST(ArgDecoder, OverflowSetsTruncated) {
+  std::vector<std::uint64_t> words;
+  for (int round = 0; round < 20; ++round) {
+    for (int r = 1; r <= 64; ++r) words.push_back(addr(r) + static_cast<std::uint64_t>(round) * 8);
+  }
+  region_set out;
+  scan_words(words.data(), words.size() * 8, fake_lookup, out);
+  EXPECT_EQ(out.count, 64);
+  EXPECT_FALSE(out.truncated);
+  // A lookup with more regions than the set holds.
+  const auto many = [](std::uint64_t address) noexcept -> region_id {
+    return static_cast<region_id>((address >> 3) & 0xffff) + 1;
+  };
+  std::vector<std::uint64_t> distinct;
+  for (std::uint64_t i = 0; i < region_set::k_capacity + 10; ++i) distinct.push_back((std::uint64_t{1} << 40) + i * 8);
+  region_set big;
+  scan_words(distinct.data(), distinct.size() * 8, many, big);
+  EXPECT_EQ(big.count, region_set::k_capacity);
+  EXPECT_TRUE(big.truncated);
+}
+
+TEST(ArgDecoder, ExtraBufferOfACublasLtGemm) {
+  // 1,720 bytes with raw operand addresses at arbitrary 8-aligned offsets (the nvjet kernels' layout).
+  std::vector<std::uint64_t> buffer(1720 / 8, 0);
+  buffer[3] = 128;  // m
+  buffer[10] = addr(21);
+  buffer[57] = addr(22, 4096);
+  buffer[200] = addr(23);
+  buffer[201] = 0x3f800000;  // 1.0f
+  std::size_t size = 1720;
+  const void* extra[] = {reinterpret_cast<void*>(k_launch_param_buffer_pointer), buffer.data(),
+                         reinterpret_cast<void*>(k_launch_param_buffer_size), &size,
+                         reinterpret_cast<void*>(k_launch_param_end)};
+  const extra_buffer parsed = parse_extra(extra);
+  ASSERT_EQ(parsed.data, buffer.data());
+  EXPECT_EQ(parsed.size, 1720u);
+  region_set out;
+  scan_words(parsed.data, parsed.size, fake_lookup, out);
+  EXPECT_EQ(as_set(out), (std::set<region_id>{21, 22, 23}));
+}
+
+TEST(ArgDecoder, ExtraWithoutBufferOrSize) {
+  EXPECT_EQ(parse_extra(nullptr).data, nullptr);
+  int x = 0;
+  const void* no_size[] = {reinterpret_cast<void*>(k_launch_param_buffer_pointer), &x, nullptr};
+  EXPECT_EQ(parse_extra(no_size).data, nullptr);
+  std::size_t size = 8;
+  const void* size_first[] = {reinterpret_cast<void*>(k_launch_param_buffer_size), &size,
+                              reinterpret_cast<void*>(k_launch_param_buffer_pointer), &x, nullptr};
+  EXPECT_EQ(parse_extra(size_first).data, &x);
+  EXPECT_EQ(parse_extra(size_first).size, 8u);
+}
+
+TEST(KernelFamily, MangledDemangledAndPlainNames) {
+  EXPECT_EQ(kernel_family("_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEESt5arrayIPcLm1EEEEviT0_T1_"),
+            "vectorized_elementwise_kernel");
+  EXPECT_EQ(kernel_family("_ZN2at6native29vectorized_elem"), "vectorized_elem");  // truncated
+  EXPECT_EQ(kernel_family("_Z10add_kernelPfS_i"), "add_kernel");
+  EXPECT_EQ(kernel_family("_ZN7cutlass7Kernel2INS_4gemm6kernelEEEvNT_6ParamsE"), "Kernel2");
+  EXPECT_EQ(kernel_family("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<float>(int, float*)"),
+            "multi_tensor_apply_kernel");
+  EXPECT_EQ(kernel_family("triton_poi_fused_add_mul_0"), "triton_poi");
+  EXPECT_EQ(kernel_family("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT"), "nvjet_sm90");
+  EXPECT_EQ(kernel_family("memcpy"), "memcpy");
+}
+
+// ---- the layout cache ----
+
+namespace {
+
+struct fake_functions {
+  std::atomic<int> queries{0};
+  std::atomic<int> later_left{0};
+  // function id -> parameter sizes; id 99 cannot be queried.
+  static query_status query(void* context, std::uint64_t function, std::uint32_t index, param_slot& out) noexcept {
+    auto& self = *static_cast<fake_functions*>(context);
+    self.queries.fetch_add(1);
+    if (function == 99) return query_status::error;
+    if (index == 0 && self.later_left.load() > 0) {
+      self.later_left.fetch_sub(1);
+      return query_status::later;
+    }
+    const std::uint32_t count = static_cast<std::uint32_t>(function % 7);
+    if (index >= count) return query_status::end;
+    out = param_slot{index * 8, 8};
+    return query_status::ok;
+  }
+};
+
+}  // namespace
+
+TEST(LayoutCache, QueriesOncePerFunctionAndKeepsTheName) {
+  layout_cache cache(64);
+  fake_functions fake;
+  param_slot scratch[k_max_params];
+  const layout_lookup first = cache.find_or_add(12, "kernel_twelve", fake_functions::query, &fake, scratch);
+  EXPECT_TRUE(first.has_layout);
+  EXPECT_EQ(first.layout.count, 5u);
+  EXPECT_EQ(first.layout.params[4].offset, 32u);
+  const int queries = fake.queries.load();
+  EXPECT_EQ(queries, 6);  // 5 parameters and the end
+  for (int i = 0; i < 100; ++i) {
+    const layout_lookup again = cache.find_or_add(12, "kernel_twelve", fake_functions::query, &fake, scratch);
+    EXPECT_EQ(again.kernel, first.kernel);
+    EXPECT_EQ(again.layout.count, 5u);
+    EXPECT_NE(again.layout.params, scratch);
+  }
+  EXPECT_EQ(fake.queries.load(), queries);
+  EXPECT_EQ(cache.name(first.kernel), "kernel_twelve");
+  EXPECT_EQ(cache.functions(), 1u);
+}
+
+TEST(LayoutCache, FailuresAreCachedAndLaterIsRetried) {
+  layout_cache cache(64);
+  fake_functions fake;
+  param_slot scratch[k_max_params];
+  EXPECT_FALSE(cache.find_or_add(99, "bad", fake_functions::query, &fake, scratch).has_layout);
+  const int after_failure = fake.queries.load();
+  EXPECT_FALSE(cache.find_or_add(99, "bad", fake_functions::query, &fake, scratch).has_layout);
+  EXPECT_EQ(fake.queries.load(), after_failure);
+
+  fake.later_left = 1;
+  const layout_lookup later = cache.find_or_add(13, "k13", fake_functions::query, &fake, scratch);
+  EXPECT_FALSE(later.has_layout);
+  const layout_lookup retried = cache.find_or_add(13, "k13", fake_functions::query, &fake, scratch);
+  EXPECT_TRUE(retried.has_layout);
+  EXPECT_EQ(retried.layout.count, 6u);
+  EXPECT_EQ(retried.kernel, later.kernel);
+}
+
+TEST(LayoutCache, FullTableStillDecodes) {
+  layout_cache cache(16);
+  fake_functions fake;
+  param_slot scratch[k_max_params];
+  for (std::uint64_t f = 1; f <= 40; ++f) {
+    const layout_lookup l = cache.find_or_add(f * 7 + 3, nullptr, fake_functions::query, &fake, scratch);
+    EXPECT_TRUE(l.has_layout);
+    EXPECT_EQ(l.layout.count, 3u);
+  }
+  EXPECT_EQ(cache.functions(), 16u);
+  EXPECT_GT(cache.uncached_queries(), 0u);
+}
+
+TEST(LayoutCache, ConcurrentFirstLaunches) {
+  layout_cache cache(1024);
+  fake_functions fake;
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      param_slot scratch[k_max_params];
+      for (int round = 0; round < 200; ++round) {
+        for (std::uint64_t f = 1; f <= 50; ++f) {
+          const layout_lookup l = cache.find_or_add(f, "k", fake_functions::query, &fake, scratch);
+          if (!l.has_layout || l.layout.count != f % 7) wrong.fetch_add(1);
+          for (std::uint32_t i = 0; i < l.layout.count; ++i) {
+            if (l.layout.params[i].offset != i * 8) wrong.fetch_add(1);
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(cache.functions(), 50u);
+}
+
+// ---- nested callbacks (Note [Nested launch callbacks]) ----
+
+TEST(LaunchNesting, DriverCallbackInsideARuntimeLaunchCountsOnce) {
+  // Plays the callback sequence CUPTI produces and counts launches as the CUPTI callback does.
+  launch_nesting n;
+  int counted = 0;
+  int skipped = 0;
+  const auto driver_enter = [&] { n.driver_is_nested() ? ++skipped : ++counted; };
+  // cudaLaunchKernel -> cuLaunchKernel nested
+  n.runtime_enter();
+  ++counted;
+  driver_enter();
+  n.runtime_exit();
+  // a straight cuLaunchKernelEx (cuBLASLt)
+  driver_enter();
+  // cudaMemcpyAsync with two driver calls underneath, then a runtime call with none
+  n.runtime_enter();
+  ++counted;
+  driver_enter();
+  driver_enter();
+  n.runtime_exit();
+  n.runtime_enter();
+  ++counted;
+  n.runtime_exit();
+  driver_enter();
+  EXPECT_EQ(counted, 5);
+  EXPECT_EQ(skipped, 3);
+  n.runtime_exit();  // an exit without enter (subscribed mid-call) does not underflow
+  EXPECT_FALSE(n.driver_is_nested());
+}
+
+// ---- the region map ----
+
+TEST(RegionMap, LookupIsExactAtGranuleBoundaries) {
+  const std::uint64_t base = 0x7e0000000000ULL;
+  const int slot = region_map::register_arena(base, 64 * k_granule, 21);
+  ASSERT_GE(slot, 0);
+  const region_id a = region_map::next_region_id();
+  const region_id b = region_map::next_region_id();
+  EXPECT_NE(a, b);
+  region_map::publish(slot, 2, 3, a);
+  region_map::publish(slot, 5, 1, b);
+  EXPECT_EQ(region_map::lookup(base + 2 * k_granule), a);
+  EXPECT_EQ(region_map::lookup(base + 5 * k_granule - 1), a);
+  EXPECT_EQ(region_map::lookup(base + 5 * k_granule), b);
+  EXPECT_EQ(region_map::lookup(base + 6 * k_granule), 0u);
+  EXPECT_EQ(region_map::lookup(base + 2 * k_granule - 1), 0u);
+  EXPECT_EQ(region_map::lookup(base + 64 * k_granule), 0u);
+  EXPECT_EQ(region_map::lookup(42), 0u);
+  region_map::publish(slot, 2, 3, 0);
+  EXPECT_EQ(region_map::lookup(base + 3 * k_granule), 0u);
+  region_map::unregister_arena(slot);
+  EXPECT_EQ(region_map::lookup(base + 5 * k_granule), 0u);
+}
+
+TEST(RegionMap, CachingAllocatorPublishesItsSegments) {
+  sim_driver sim;
+  allocator_options options;
+  options.va_reserve = std::size_t{64} << 20;
+  caching_allocator alloc(sim, options);
+  void* big1 = alloc.allocate(5 << 20, nullptr);
+  void* big2 = alloc.allocate(3 << 20, nullptr);
+  void* small1 = alloc.allocate(1000, nullptr);
+  void* small2 = alloc.allocate(1000, nullptr);
+  const auto region_of = [](const void* p, std::size_t offset = 0) {
+    return region_map::lookup(reinterpret_cast<std::uint64_t>(p) + offset);
+  };
+  const region_id r1 = region_of(big1);
+  EXPECT_NE(r1, 0u);
+  EXPECT_EQ(region_of(big1, (5 << 20) - 1), r1);
+  EXPECT_NE(region_of(big2), 0u);
+  EXPECT_NE(region_of(big2), r1);
+  EXPECT_NE(region_of(small1), 0u);
+  EXPECT_EQ(region_of(small1), region_of(small2));  // one slab region
+  // The block is derivable from the pointer (for a learner), the region is the slab's.
+  EXPECT_EQ(alloc.block_of(small2).first, small2);
+
+  // A cached segment keeps its id when reused; a destroyed one is withdrawn.
+  alloc.deallocate(big1);
+  EXPECT_EQ(region_of(big1), r1);
+  void* again = alloc.allocate(5 << 20, nullptr);
+  EXPECT_EQ(again, big1);
+  EXPECT_EQ(region_of(again), r1);
+  alloc.deallocate(again);
+  alloc.deallocate(big2);
+  alloc.deallocate(small1);
+  alloc.deallocate(small2);
+  alloc.empty_cache();
+  EXPECT_EQ(region_of(big1), 0u);
+  EXPECT_EQ(region_of(small1), 0u);
+}
+
+// ---- the ring ----
+
+TEST(EventRing, ConcurrentProducersLoseAndReorderNothing) {
+  struct item {
+    std::uint32_t producer;
+    std::uint32_t sequence;
+  };
+  event_ring<item> ring(256);
+  constexpr int k_producers = 4;
+  constexpr std::uint32_t k_each = 50'000;
+  std::atomic<int> done{0};
+  std::vector<std::thread> producers;
+  for (int p = 0; p < k_producers; ++p) {
+    producers.emplace_back([&, p] {
+      for (std::uint32_t i = 0; i < k_each; ++i) {
+        while (!ring.try_push(item{static_cast<std::uint32_t>(p), i})) std::this_thread::yield();
+      }
+      done.fetch_add(1);
+    });
+  }
+  std::vector<std::uint32_t> next(k_producers, 0);
+  std::uint64_t received = 0;
+  bool in_order = true;
+  item it{};
+  while (done.load() < k_producers || received < std::uint64_t{k_producers} * k_each) {
+    if (ring.try_pop(it)) {
+      in_order &= it.sequence == next[it.producer];
+      next[it.producer] = it.sequence + 1;
+      ++received;
+    }
+  }
+  for (auto& t : producers) t.join();
+  EXPECT_TRUE(in_order);
+  EXPECT_EQ(received, std::uint64_t{k_producers} * k_each);
+  EXPECT_FALSE(ring.try_pop(it));
+}
+
+TEST(EventRing, FullRingRefuses) {
+  event_ring<int> ring(4);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(ring.try_push(i));
+  EXPECT_FALSE(ring.try_push(5));
+  int v = -1;
+  EXPECT_TRUE(ring.try_pop(v));
+  EXPECT_EQ(v, 0);
+  EXPECT_TRUE(ring.try_push(5));
+}
+
+// ---- the tracker core ----
+
+namespace {
+region_set regions_of(std::initializer_list<region_id> ids) {
+  region_set s;
+  for (region_id id : ids) s.add(id);
+  return s;
+}
+}  // namespace
+
+TEST(TrackerCore, EventsStatsAndDrain) {
+  tracker_core core;
+  fake_functions fake;
+  param_slot scratch[k_max_params];
+  const std::uint32_t k1 = core.layouts().find_or_add(8, "_ZN2at6native18elementwise_kernelEv", fake_functions::query,
+                                                      &fake, scratch).kernel;
+  const std::uint32_t k2 = core.layouts().find_or_add(15, "triton_red_fused_0", fake_functions::query, &fake,
+                                                      scratch).kernel;
+  core.record(launch_kind::kernel, 7, k1, undecoded_reason::none, regions_of({1, 2}));
+  core.record(launch_kind::kernel, 7, k2, undecoded_reason::none, regions_of({}));
+  core.record(launch_kind::kernel, 9, k2, undecoded_reason::no_layout, regions_of({}));
+  core.record(launch_kind::memcpy, 7, 0, undecoded_reason::none, regions_of({3}));
+  core.record(launch_kind::graph, 7, 0, undecoded_reason::graph, regions_of({}));
+  core.count_nested();
+
+  const tracker_stats s = core.stats();
+  EXPECT_EQ(s.launches, 5u);
+  EXPECT_EQ(s.kernels, 3u);
+  EXPECT_EQ(s.copies, 1u);
+  EXPECT_EQ(s.graphs, 1u);
+  EXPECT_EQ(s.decoded, 3u);
+  EXPECT_EQ(s.undecoded[static_cast<int>(undecoded_reason::no_layout)], 1u);
+  EXPECT_EQ(s.undecoded[static_cast<int>(undecoded_reason::graph)], 1u);
+  EXPECT_EQ(s.with_regions, 2u);
+  EXPECT_EQ(s.nested_skipped, 1u);
+  EXPECT_EQ(s.dropped, 0u);
+  ASSERT_EQ(s.no_region_families.size(), 1u);
+  EXPECT_EQ(s.no_region_families[0].first, "triton_red");
+  EXPECT_EQ(s.no_region_families[0].second, 2u);
+
+  auto events = core.drain(2);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].launch_no + 1, events[1].launch_no);
+  EXPECT_EQ(events[0].stream, 7u);
+  EXPECT_EQ(core.kernel_name(events[0].kind, events[0].kernel), "_ZN2at6native18elementwise_kernelEv");
+  EXPECT_EQ(events[0].regions, (std::vector<region_id>{1, 2}));
+  events = core.drain(100);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(core.kernel_name(events[1].kind, events[1].kernel), "memcpy");
+  EXPECT_EQ(events[1].regions, (std::vector<region_id>{3}));
+  EXPECT_TRUE(core.drain(100).empty());
+}
+
+TEST(TrackerCore, ManyRegionsContinueInFurtherEvents) {
+  tracker_core core;
+  region_set many;
+  for (region_id id = 1; id <= 100; ++id) many.add(id);
+  core.record(launch_kind::kernel, 0, 0, undecoded_reason::none, many);
+  core.record(launch_kind::kernel, 0, 0, undecoded_reason::none, regions_of({5}));
+  const auto events = core.drain(10);
+  ASSERT_EQ(events.size(), 2u);
+  ASSERT_EQ(events[0].regions.size(), 100u);
+  EXPECT_EQ(events[0].regions[99], 100u);
+  EXPECT_EQ(core.stats().launches, 2u);
+}
+
+TEST(TrackerCore, FullRingDropsAndCounts) {
+  tracker_options options;
+  options.ring_capacity = 8;
+  tracker_core core(options);
+  for (int i = 0; i < 20; ++i) core.record(launch_kind::kernel, 0, 0, undecoded_reason::none, regions_of({1}));
+  const tracker_stats s = core.stats();
+  EXPECT_EQ(s.launches, 8u);
+  EXPECT_EQ(s.dropped, 12u);
+}
+
+TEST(TrackerCore, ConsumerThreadWithConcurrentProducers) {
+  tracker_options options;
+  options.ring_capacity = 1024;
+  options.recent_capacity = 1000;
+  tracker_core core(options);
+  core.start_consumer();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      region_set s;
+      for (int i = 0; i < 20'000; ++i) {
+        s.clear();
+        s.add(static_cast<region_id>(t + 1));
+        core.record(launch_kind::kernel, static_cast<std::uint64_t>(t), 0, undecoded_reason::none, s);
+        if (i % 64 == 0) std::this_thread::yield();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  core.stop_consumer();
+  const tracker_stats s = core.stats();
+  EXPECT_EQ(s.launches + s.dropped, 80'000u);
+  EXPECT_GT(s.launches, 0u);
+  EXPECT_EQ(s.recent_dropped, s.launches - 1000);
+  const auto events = core.drain(2000);
+  EXPECT_EQ(events.size(), 1000u);
+  for (const auto& e : events) {
+    ASSERT_EQ(e.regions.size(), 1u);
+    EXPECT_EQ(e.regions[0], e.stream + 1);
+  }
+}
+
+// ---- the trace file ----
+
+TEST(TraceWriter, WritesBoundedChromeJson) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  // Keep our own handle to read back: write through a duplicate.
+  const int fd = dup(fileno(f));
+  std::FILE* w = fdopen(fd, "w");
+  ASSERT_NE(w, nullptr);
+  trace_writer trace;
+  trace.open(w, 2);
+  access_event e;
+  e.launch_no = 41;
+  e.stream = 0x10;
+  e.time_ns = 5'000'250;
+  e.nregions = 2;
+  e.regions[0] = 3;
+  e.regions[1] = 4;
+  trace.write(e, "kern\"el", 1'000'000);
+  e.launch_no = 42;
+  e.kind = launch_kind::memcpy;
+  e.nregions = 0;
+  trace.write(e, "memcpy", 1'000'000);
+  trace.write(e, "memcpy", 1'000'000);
+  EXPECT_EQ(trace.written(), 2u);
+  EXPECT_EQ(trace.skipped(), 1u);
+  trace.close();
+  std::rewind(f);
+  std::string text;
+  char chunk[512];
+  std::size_t n;
+  while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) text.append(chunk, n);
+  std::fclose(f);
+  EXPECT_EQ(text.rfind("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[", 0), 0u) << text;
+  EXPECT_NE(text.find("\"name\":\"kern\\\"el\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"ts\":4000.250"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"launch\":41,\"regions\":[3,4]"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"cat\":\"memcpy\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"events_not_written\":1}}"), std::string::npos) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '{'), std::count(text.begin(), text.end(), '}'));
+}

@@ -41,7 +41,17 @@
 //   recorded on each of those streams, and the block stays active until every event has completed. Pending
 //   blocks are polled at the start of each allocate() (only when there are any) and before reclaiming.
 //
-// Locking: one mutex per allocator; public methods take it, *_locked helpers assume it.
+// Note [Swappable segments]
+//   With residency enabled (allocator_options::residency), every large segment is also a region of the residency
+//   engine (residency.hpp), swappable while live. Its `pages` then hold the device pages backing it now: all of
+//   them while resident, none while it is backed by host pages (the engine swapped them into the page pool), and
+//   `n` is its size in granules either way. Only device-backed segments are cached for reuse: a large segment
+//   freed while host-backed is retired instead (Note [Freeing a moved region] in residency.cpp). A request that
+//   does not fit in the budget reclaims the cache first, then evicts live regions synchronously
+//   (Note [Allocation under pressure]), and fails only when nothing movable is left.
+//
+// Locking: one mutex per allocator; public methods take it, *_locked helpers assume it. The residency engine
+// runs under the same mutex (its migration thread takes it).
 #include "allocator/caching_allocator.hpp"
 
 #include <algorithm>
@@ -56,6 +66,7 @@
 #include <vector>
 
 #include "allocator/region_map.hpp"
+#include "allocator/residency_gate.hpp"
 #include "allocator/size_classes.hpp"
 #include "runtime/config.hpp"
 #include "runtime/error.hpp"
@@ -90,7 +101,9 @@ struct segment_list {
 struct segment {
   device_ptr va = 0;
   std::size_t bytes = 0;
-  std::vector<phys_handle> pages;
+  std::vector<phys_handle> pages;  // device pages backing it now (Note [Swappable segments])
+  std::size_t n = 0;               // size in granules
+  detail::swap_region* swap = nullptr;  // its residency record (large segments, residency enabled)
   stream_pool* pool = nullptr;
   std::uint64_t free_epoch = 0;  // when it last became idle (Note [Unmap fences])
   region_id region = 0;         // its id in the region map (region_map.hpp), given when first published
@@ -112,7 +125,7 @@ struct segment {
   list_hook pool_hook;  // large: pool->free_by_pages[npages]; slab: pool->partial[cls]
   list_hook idle_hook;  // impl::idle_: reclaimable (large and free, or a slab with used == 0)
 
-  [[nodiscard]] std::size_t npages() const noexcept { return pages.size(); }
+  [[nodiscard]] std::size_t npages() const noexcept { return n; }
 };
 
 template <list_hook segment::*Hook>
@@ -160,9 +173,9 @@ struct pending_free {
 
 }  // namespace
 
-struct caching_allocator::impl {
+struct caching_allocator::impl final : detail::page_source {
   impl(driver& p, allocator_options o);
-  ~impl();
+  ~impl() override;
 
   driver& port;
   allocator_options options;
@@ -181,8 +194,19 @@ struct caching_allocator::impl {
   std::unordered_map<device_ptr, std::vector<stream_handle>> recorded;
   std::vector<event_handle> spare_events;
   std::uint64_t epoch = 0;
+  std::unique_ptr<detail::residency_engine> engine;  // null unless options.residency.enabled
+  std::vector<std::pair<segment*, event_handle>> retiring;  // freed host-backed segments (Note [Swappable segments])
 
   allocator_stats st;
+
+  // ---- detail::page_source (the engine's view; mutex held) ----
+  bool take_pages(std::size_t n, std::vector<phys_handle>& out) override;
+  void give_pages(std::vector<phys_handle>& pages) override;
+  [[nodiscard]] std::size_t budget() const override { return options.budget; }
+  [[nodiscard]] std::size_t held_bytes() const override { return static_cast<std::size_t>(st.device_bytes.current); }
+  [[nodiscard]] std::size_t pooled_bytes() const override { return idle_pages.size() * gran; }
+  void maintain() override;
+  void start_engine_if_needed();
 
   // ---- helpers, all *_locked ----
   stream_pool* pool_for_locked(stream_handle stream);
@@ -229,11 +253,21 @@ caching_allocator::impl::impl(driver& p, allocator_options o) : port(p), options
   st.device = port.device();
   st.budget = options.budget;
   st.granularity = gran;
+  if (options.residency.enabled) {
+    engine = std::make_unique<detail::residency_engine>(port, mutex, *this, options.residency);
+    start_engine_if_needed();
+  }
+}
+
+void caching_allocator::impl::start_engine_if_needed() {
+  if (engine && options.budget) engine->start();  // the thread only has work under a budget
 }
 
 caching_allocator::impl::~impl() {
   // Callers are gone: wait for the streams, then give everything back. Never throws.
+  if (engine) engine->stop();
   try {
+    if (engine) engine->settle_all_locked();
     process_pending_locked(true);
     for (segment* seg : std::vector<segment*>(segments.begin(), segments.end())) {
       fence_locked(seg);
@@ -241,6 +275,7 @@ caching_allocator::impl::~impl() {
     }
     for (phys_handle h : idle_pages) port.release(h);
     idle_pages.clear();
+    engine.reset();
     for (auto& a : arenas) port.unreserve(a->base, a->bytes);
     for (event_handle e : spare_events) port.destroy_event(e);
   } catch (const std::exception& e) {
@@ -256,6 +291,7 @@ stream_pool* caching_allocator::impl::pool_for_locked(stream_handle stream) {
   auto p = std::make_unique<stream_pool>();
   p->stream = stream;
   p->partial.resize(small_classes);
+  if (engine) engine->note_stream_locked(stream);
   pools.push_back(std::move(p));
   return last_pool = pools.back().get();
 }
@@ -330,7 +366,10 @@ void caching_allocator::impl::set_owner_locked(device_ptr va, std::size_t npages
     if (va < a->base || va - a->base >= a->bytes) continue;
     const std::size_t first = (va - a->base) >> gran_shift;
     std::fill_n(a->owner.begin() + static_cast<std::ptrdiff_t>(first), npages, seg);
-    if (seg && seg->region == 0) seg->region = region_map::next_region_id();
+    if (seg && seg->region == 0) {
+      seg->region = region_map::next_region_id();
+      residency_gate::prepare(seg->region);
+    }
     a->published->publish(first, npages, seg ? seg->region : 0);
     return;
   }
@@ -340,7 +379,8 @@ void caching_allocator::impl::set_owner_locked(device_ptr va, std::size_t npages
 
 std::size_t caching_allocator::impl::obtainable_pages_locked() const noexcept {
   std::size_t pages = idle_pages.size();
-  for (const segment* s = idle.head; s; s = s->idle_hook.next) pages += s->npages();
+  for (const segment* s = idle.head; s; s = s->idle_hook.next) pages += s->pages.size();
+  if (engine) pages += engine->evictable_pages_locked();
   const auto held = static_cast<std::size_t>(st.device_bytes.current);
   if (options.budget > held) pages += (options.budget - held) >> gran_shift;
   return pages;
@@ -392,6 +432,8 @@ std::vector<phys_handle> caching_allocator::impl::gather_pages_locked(std::size_
       process_pending_locked(true);
       if (reclaim_one_locked()) continue;
     }
+    // Note [Allocation under pressure] (residency.cpp): pages `out` already holds stay with this request.
+    if (engine && engine->evict_sync_locked()) continue;
     give_back();
     throw_oom_locked(request);
   }
@@ -421,6 +463,7 @@ segment* caching_allocator::impl::new_segment_locked(stream_pool* pool, std::siz
   auto seg = std::make_unique<segment>();
   seg->va = va;
   seg->bytes = bytes;
+  seg->n = n;
   seg->pages = std::move(pages);
   seg->pool = pool;
   segment* s = seg.release();
@@ -448,7 +491,18 @@ void caching_allocator::impl::destroy_segment_locked(segment* seg) {
     seg->pool->free_by_pages[seg->npages()].erase(seg);
   }
   idle.erase(seg);
-  for (std::size_t i = 0; i < seg->npages(); ++i) port.unmap(seg->va + (i << gran_shift), gran);
+  for (auto it = retiring.begin(); it != retiring.end(); ++it) {
+    if (it->first != seg) continue;
+    spare_events.push_back(it->second);
+    retiring.erase(it);
+    break;
+  }
+  // A host-backed region's VA holds one host mapping, which the engine unmaps (remove_locked).
+  const bool host_unmapped = seg->swap && engine->remove_locked(seg->swap);
+  seg->swap = nullptr;
+  if (!host_unmapped) {
+    for (std::size_t i = 0; i < seg->pages.size(); ++i) port.unmap(seg->va + (i << gran_shift), gran);
+  }
   set_owner_locked(seg->va, seg->npages(), nullptr);
   release_va_locked(seg->va, seg->npages());
   idle_pages.insert(idle_pages.end(), seg->pages.begin(), seg->pages.end());
@@ -525,8 +579,10 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
     seg = new_segment_locked(pool, npages << gran_shift, bytes);
     if (pool->free_by_pages.size() <= npages) pool->free_by_pages.resize(npages + 1);
     count(false, &pool_stats::segments, 1);  // its pages were already counted in the large pool's reserved bytes
+    if (engine) seg->swap = engine->add_locked(seg->region, seg->va, seg->bytes, &seg->pages);
   }
   seg->live = true;
+  if (seg->swap) engine->set_live_locked(seg->swap, true);
   seg->requested = bytes;
   const auto sz = static_cast<std::int64_t>(seg->bytes);
   count(false, &pool_stats::allocations, 1);
@@ -543,6 +599,18 @@ void caching_allocator::impl::release_block_locked(segment* seg, std::uint32_t b
   count(seg->slab, &pool_stats::active_bytes, -static_cast<std::int64_t>(seg->slab ? seg->block : seg->bytes));
   if (!seg->slab) {
     seg->live = false;
+    if (seg->swap && engine->host_backed_locked(seg->swap)) {
+      // Never cached (Note [Swappable segments]): destroyed by maintain() once its stream is past its last
+      // launches, or by a reclaim before that (which fences).
+      make_idle_locked(seg);
+      try {
+        event_handle e = take_event_locked();
+        port.record(e, seg->pool->stream);
+        retiring.emplace_back(seg, e);
+      } catch (...) {
+      }
+      return;
+    }
     seg->pool->free_by_pages[seg->npages()].push_back(seg);
     make_idle_locked(seg);
     return;
@@ -641,6 +709,48 @@ void caching_allocator::impl::throw_oom_locked(std::size_t request) {
   throw out_of_memory(msg);
 }
 
+// ---- the residency engine's page source ----
+
+bool caching_allocator::impl::take_pages(std::size_t n, std::vector<phys_handle>& out) {
+  const auto held = static_cast<std::size_t>(st.device_bytes.current);
+  const std::size_t headroom = options.budget > held ? (options.budget - held) >> gran_shift : 0;
+  if (options.budget == 0 || idle_pages.size() + headroom < n) return false;
+  const std::size_t first = out.size();
+  while (out.size() - first < n) {
+    if (!idle_pages.empty()) {
+      out.push_back(idle_pages.back());
+      idle_pages.pop_back();
+      continue;
+    }
+    try {
+      out.push_back(port.create(gran, memory_location::device));
+    } catch (...) {  // the device is full (or failing): give back what was taken
+      idle_pages.insert(idle_pages.end(), out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
+      out.resize(first);
+      return false;
+    }
+    st.device_bytes.increase(static_cast<std::int64_t>(gran));
+    count(false, &pool_stats::reserved_bytes, static_cast<std::int64_t>(gran));
+    ++st.num_device_alloc;
+  }
+  return true;
+}
+
+void caching_allocator::impl::give_pages(std::vector<phys_handle>& pages) {
+  idle_pages.insert(idle_pages.end(), pages.begin(), pages.end());
+  pages.clear();
+}
+
+void caching_allocator::impl::maintain() {
+  if (!pending.empty()) process_pending_locked(false);
+  if (retiring.empty()) return;
+  std::vector<segment*> ready;
+  for (auto& [seg, e] : retiring) {
+    if (!engine->moving_locked(seg->swap) && port.query(e)) ready.push_back(seg);
+  }
+  for (segment* seg : ready) destroy_segment_locked(seg);  // also drops it from `retiring`
+}
+
 // ---- public interface ----
 
 caching_allocator::caching_allocator(driver& port, allocator_options options)
@@ -673,6 +783,7 @@ bool caching_allocator::deallocate(void* ptr) noexcept {
   } else if (seg) {
     if (seg->va != p || !seg->live) seg = nullptr;
     else requested = seg->requested, seg->live = false;
+    if (seg && seg->swap) m.engine->set_live_locked(seg->swap, false);
   }
   if (!seg) {
     ++m.st.num_foreign_frees;
@@ -733,7 +844,8 @@ allocator_stats caching_allocator::stats() const {
   std::lock_guard lock(impl_->mutex);
   allocator_stats s = impl_->st;
   s.budget = impl_->options.budget;
-  s.cached_bytes = s.device_bytes.current - s.all.allocated_bytes.current;
+  // Allocated blocks swapped out to the host hold no device bytes: the difference can be negative then.
+  s.cached_bytes = std::max<std::int64_t>(0, s.device_bytes.current - s.all.allocated_bytes.current);
   return s;
 }
 
@@ -804,9 +916,51 @@ void caching_allocator::set_budget(std::size_t bytes) {
   std::lock_guard lock(impl_->mutex);
   impl_->options.budget = bytes;
   impl_->st.budget = bytes;
+  impl_->start_engine_if_needed();
 }
 
 driver& caching_allocator::port() const noexcept { return impl_->port; }
+
+void caching_allocator::set_forecast_source(forecast_source* source) noexcept {
+  if (impl_->engine) impl_->engine->set_forecast_source(source);
+}
+
+void caching_allocator::set_streams(std::span<const stream_handle> streams) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->engine) impl_->engine->set_streams_locked(streams);
+}
+
+void caching_allocator::note_stream(stream_handle stream) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->engine) impl_->engine->note_stream_locked(stream);
+}
+
+residency_stats caching_allocator::residency() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->engine ? impl_->engine->stats_locked() : residency_stats{};
+}
+
+void caching_allocator::residency_tick() {
+  if (impl_->engine) impl_->engine->tick();  // takes the mutex itself
+}
+
+region_residency caching_allocator::residency_of(const void* ptr) const {
+  std::lock_guard lock(impl_->mutex);
+  const segment* seg = impl_->owner_locked(reinterpret_cast<device_ptr>(ptr));
+  return seg && seg->swap ? impl_->engine->state_locked(seg->swap) : region_residency::none;
+}
+
+bool caching_allocator::request_evict(const void* ptr) {
+  std::lock_guard lock(impl_->mutex);
+  segment* seg = impl_->owner_locked(reinterpret_cast<device_ptr>(ptr));
+  return seg && seg->swap && impl_->engine->request_locked(seg->swap, false);
+}
+
+bool caching_allocator::request_prefetch(const void* ptr) {
+  std::lock_guard lock(impl_->mutex);
+  segment* seg = impl_->owner_locked(reinterpret_cast<device_ptr>(ptr));
+  return seg && seg->swap && impl_->engine->request_locked(seg->swap, true);
+}
 
 void caching_allocator::verify() const {
   std::lock_guard lock(impl_->mutex);
@@ -816,7 +970,10 @@ void caching_allocator::verify() const {
   std::int64_t pending_blocks = 0;
   std::vector<std::pair<device_ptr, device_ptr>> ranges;
   for (const segment* s : m.segments) {
-    if (s->bytes != s->npages() * m.gran || s->bytes == 0) fail("segment size does not match its pages");
+    if (s->bytes != s->npages() * m.gran || s->bytes == 0) fail("segment size does not match its granules");
+    if (!s->swap && s->pages.size() != s->npages()) fail("a segment the engine does not know lacks device pages");
+    if (s->swap && !s->pages.empty() && s->pages.size() != s->npages()) fail("a swappable segment is partly backed");
+    if (s->swap && s->pages.empty() && s->pool_hook.linked) fail("a host-backed segment is cached for reuse");
     for (std::size_t i = 0; i < s->npages(); ++i) {
       if (m.owner_locked(s->va + i * m.gran) != s) fail("owner table does not point at its segment");
     }
@@ -844,7 +1001,7 @@ void caching_allocator::verify() const {
       if (s->idle_hook.linked != (s->used == 0)) fail("slab idle-list membership is wrong");
       if (s->pool_hook.linked != (s->used < s->nblocks)) fail("slab partial-list membership is wrong");
     } else {
-      mapped_large += static_cast<std::int64_t>(s->bytes);
+      mapped_large += static_cast<std::int64_t>(s->pages.size() * m.gran);
       if (s->live) {
         alloc_large += static_cast<std::int64_t>(s->bytes);
         req += static_cast<std::int64_t>(s->requested);
@@ -860,7 +1017,12 @@ void caching_allocator::verify() const {
   for (std::size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].first < ranges[i - 1].second) fail("two segments overlap");
   }
-  const std::int64_t held = mapped_small + mapped_large + static_cast<std::int64_t>(m.idle_pages.size() * m.gran);
+  const std::int64_t inflight = m.engine ? static_cast<std::int64_t>(m.engine->inflight_pages_locked() * m.gran) : 0;
+  const std::int64_t held =
+      mapped_small + mapped_large + static_cast<std::int64_t>(m.idle_pages.size() * m.gran) + inflight;
+  if (m.engine) {
+    if (std::string why = m.engine->verify_locked(); !why.empty()) fail("residency: " + why);
+  }
   if (held != m.st.device_bytes.current) fail("device bytes held do not add up");
   if (m.options.budget && static_cast<std::size_t>(held) > m.options.budget) fail("the budget was exceeded");
   if (mapped_small != m.st.small.reserved_bytes.current) fail("small reserved bytes do not add up");

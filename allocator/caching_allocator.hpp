@@ -12,9 +12,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 
+#include "allocator/forecast.hpp"
+#include "allocator/residency.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/stats.hpp"
 
@@ -24,6 +27,7 @@ struct allocator_options {
   std::size_t budget = 0;                         // cap on device memory held, bytes; 0 = no cap
   std::size_t va_reserve = std::size_t{1} << 40;  // virtual address space per arena
   std::size_t small_max = std::size_t{1} << 20;   // requests up to this are packed into slabs
+  residency_options residency;                    // swapping (allocator/residency.hpp); off by default
 };
 
 // Statistics of one pool: `small` holds slab-packed blocks, `large` the allocations with their own region.
@@ -83,6 +87,25 @@ class caching_allocator {
   [[nodiscard]] std::size_t budget() const noexcept;
   void set_budget(std::size_t bytes);
   [[nodiscard]] driver& port() const noexcept;
+
+  // ---- residency (swapping; allocator/residency.hpp). No-ops unless options.residency.enabled ----
+  // Where the policy reads the future from (the learner); null: no forecast (LRU on the gate's last uses). Once
+  // it returns, the previous source is no longer used; a source must outlive the allocator or be replaced.
+  void set_forecast_source(forecast_source* source) noexcept;
+  // The streams launches may use: moves wait for events recorded on them (the legacy stream is always
+  // included, and every stream that allocates is added automatically).
+  void set_streams(std::span<const stream_handle> streams);
+  void note_stream(stream_handle stream);
+  [[nodiscard]] residency_stats residency() const;
+  // One round of the migration thread's work (tests with residency_options::thread off drive it by hand).
+  void residency_tick();
+  // Where the region of the large allocation holding `ptr` lives; none for small blocks and foreign pointers.
+  [[nodiscard]] region_residency residency_of(const void* ptr) const;
+  // Starts moving the region of the live large allocation holding `ptr` to the host (evict) or back (prefetch)
+  // now, as the policy would; the move completes in a later residency_tick(). False when it cannot start (not
+  // swappable, already there or moving, pinned, no pages within the budget, swapping inactive). For tests/tools.
+  bool request_evict(const void* ptr);
+  bool request_prefetch(const void* ptr);
 
   // Checks every internal invariant (no overlapping blocks, accounting, budget, owner table) and throws
   // layerswap::error describing the first violation. For tests; takes the lock.

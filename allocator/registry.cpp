@@ -25,6 +25,8 @@ struct registry_state {
   std::array<std::atomic<caching_allocator*>, k_max_devices> allocators{};
   std::array<driver*, k_max_devices> ports{};
   std::atomic<int> created{0};
+  std::atomic<forecast_source*> forecast{nullptr};  // the residency policies' forecast (set_forecast_source)
+  std::atomic<std::string (*)()> extra_stats{nullptr};  // set_stats_section
   bool exit_hook = false;
 };
 
@@ -98,7 +100,14 @@ caching_allocator& allocator_for(int device) {
   const std::size_t total = port->total_memory();
   opts.budget = cfg.budget.resolve(total);
   opts.va_reserve = cfg.va_reserve;
+  // Swapping (allocator/residency.hpp): the engine runs when layerswap is on; its thread only under a budget, and
+  // it moves regions only while the launch tracker feeds the residency gate.
+  opts.residency.enabled = cfg.enabled;
+  opts.residency.prefetch = cfg.prefetch;
+  opts.residency.pin = pin_setting{cfg.pin_first, cfg.pin_last, cfg.pin_bytes};
+  opts.residency.host_limit = cfg.host_limit;
   auto* alloc = new caching_allocator(*port, opts);
+  if (forecast_source* f = s.forecast.load(std::memory_order_acquire)) alloc->set_forecast_source(f);
   LAYERSWAP_LOG(info, "device %d: allocator ready (budget %s of %s)", device,
                 opts.budget ? format_bytes(opts.budget).c_str() : "none", format_bytes(total).c_str());
   s.ports[device] = port.release();  // lives as long as the allocator: forever
@@ -109,6 +118,19 @@ caching_allocator& allocator_for(int device) {
     std::atexit(print_stats_at_exit);
   }
   return *alloc;
+}
+
+void set_stats_section(std::string (*section)()) noexcept {
+  state().extra_stats.store(section, std::memory_order_release);
+}
+
+void set_forecast_source(forecast_source* source) noexcept {
+  registry_state& s = state();
+  std::lock_guard lock(s.mutex);
+  s.forecast.store(source, std::memory_order_release);
+  for (auto& slot : s.allocators) {
+    if (caching_allocator* a = slot.load(std::memory_order_acquire)) a->set_forecast_source(source);
+  }
 }
 
 caching_allocator* owner_of(const void* ptr) noexcept {
@@ -153,8 +175,30 @@ std::string stats_report() {
                   static_cast<long long>(st.num_alloc_retries), static_cast<long long>(st.num_host_waits),
                   static_cast<long long>(st.num_ooms));
     out += line;
+    const residency_stats r = a->residency();
+    if (r.evictions || r.prefetches || r.abandoned || r.host_bytes) {
+      std::snprintf(line, sizeof line,
+                    "layerswap: device %d: swapping: %s to host in %lld evictions (%lld stalled an allocation), %s "
+                    "back in %lld prefetches, %lld moves abandoned, %lld cancelled; host backing %s; regions %lld "
+                    "swappable, %lld on the device, %lld on the host; hit rate %.4f (%llu of %llu launches found a "
+                    "region on the host)\n",
+                    st.device, format_bytes(static_cast<std::uint64_t>(r.bytes_d2h)).c_str(),
+                    static_cast<long long>(r.evictions), static_cast<long long>(r.stall_evictions),
+                    format_bytes(static_cast<std::uint64_t>(r.bytes_h2d)).c_str(), static_cast<long long>(r.prefetches),
+                    static_cast<long long>(r.abandoned), static_cast<long long>(r.cancelled),
+                    format_bytes(static_cast<std::uint64_t>(r.host_bytes)).c_str(),
+                    static_cast<long long>(r.regions_swappable), static_cast<long long>(r.regions_resident),
+                    static_cast<long long>(r.regions_on_host),
+                    r.launches_counted ? 1.0 - static_cast<double>(r.launches_missed) /
+                                                 static_cast<double>(r.launches_counted)
+                                       : 1.0,
+                    static_cast<unsigned long long>(r.launches_missed),
+                    static_cast<unsigned long long>(r.launches_counted));
+      out += line;
+    }
   }
   if (out.empty()) out = "layerswap: no device memory was allocated through layerswap\n";
+  if (std::string (*section)() = state().extra_stats.load(std::memory_order_acquire)) out += section();
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.hpp"
+#include "allocator/forecast.hpp"
 #include "runtime/config.hpp"
 
 namespace layerswap {
@@ -29,6 +30,11 @@ void configure(std::span<const std::pair<std::string, std::string>> overrides);
 [[nodiscard]] std::vector<caching_allocator*> allocators() noexcept;
 // Whether a usable CUDA driver and at least one device are present (loads libcuda; creates no context).
 [[nodiscard]] bool gpu_available() noexcept;
+// The forecast every device allocator's residency policy reads (the launch tracker's learner), for the allocators
+// created so far and those created later; nullptr withdraws it. Returns once no policy round reads the old one.
+void set_forecast_source(forecast_source* source) noexcept;
+// A section appended to stats_report() (the learner's line, from the bindings); nullptr removes it.
+void set_stats_section(std::string (*section)()) noexcept;
 // A human-readable statistics report over all devices (LAYERSWAP_STATS=1 prints it at exit).
 [[nodiscard]] std::string stats_report();
 

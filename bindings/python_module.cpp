@@ -57,6 +57,32 @@ py::dict stats_dict(const allocator_stats& s) {
   return d;
 }
 
+py::dict residency_dict(const residency_stats& r) {
+  py::dict d;
+  d["active"] = r.active;
+  d["bytes_h2d"] = r.bytes_h2d;
+  d["bytes_d2h"] = r.bytes_d2h;
+  d["evictions"] = r.evictions;
+  d["prefetches"] = r.prefetches;
+  d["abandoned"] = r.abandoned;
+  d["cancelled"] = r.cancelled;
+  d["stall_evictions"] = r.stall_evictions;
+  d["writeback_skipped"] = r.writeback_skipped;
+  d["host_bytes"] = r.host_bytes;
+  d["regions_swappable"] = r.regions_swappable;
+  d["regions_resident"] = r.regions_resident;
+  d["regions_on_host"] = r.regions_on_host;
+  d["moves_in_flight"] = r.moves_in_flight;
+  d["launches_counted"] = r.launches_counted;
+  d["launches_missed"] = r.launches_missed;
+  if (r.launches_counted) {
+    d["hit_rate"] = 1.0 - static_cast<double>(r.launches_missed) / static_cast<double>(r.launches_counted);
+  } else {
+    d["hit_rate"] = py::none();
+  }
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -100,7 +126,8 @@ PYBIND11_MODULE(_C, m) {
     out["LAYERSWAP_STATS"] = c.stats ? "1" : "0";
     out["LAYERSWAP_VA_RESERVE"] =
         size_setting{size_setting::kind::bytes, static_cast<double>(c.va_reserve)}.to_string();
-    out["LAYERSWAP_TRACK"] = c.track == config::track_mode::automatic ? "auto" : (c.track == config::track_mode::on ? "1" : "0");
+    out["LAYERSWAP_TRACK"] = track_name(c.track);
+    out["LAYERSWAP_TRACK_API"] = c.track_api == config::track_api_mode::driver ? "driver" : "both";
     out["LAYERSWAP_TRACE"] = c.trace.empty() ? "none" : c.trace;
     return out;
   }, "The settings in force, by variable name.");
@@ -114,7 +141,11 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("stats", [] {
     py::list out;
-    for (caching_allocator* a : allocators()) out.append(stats_dict(a->stats()));
+    for (caching_allocator* a : allocators()) {
+      py::dict d = stats_dict(a->stats());
+      d["residency"] = residency_dict(a->residency());
+      out.append(d);
+    }
     return out;
   }, "Statistics of every device allocator created so far.");
   m.def("stats_report", [] { return stats_report(); });
@@ -140,6 +171,20 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release release;
     return profiler::tracker_resume();
   }, "Retake CUPTI after tracker_pause(); True when tracking is on afterwards.");
+  m.def("tracker_set_mode", [](const std::string& api, bool subscribe_only) {
+    if (api != "both" && api != "driver") throw py::value_error("api must be \"both\" or \"driver\", not \"" + api + "\"");
+    profiler::tracker_set_mode({api == "driver" ? profiler::tracker_api::driver : profiler::tracker_api::both,
+                                subscribe_only});
+  }, py::arg("api"), py::arg("subscribe_only") = false,
+        "The callbacks the next subscription takes (start/resume): LAYERSWAP_TRACK_API and "
+        "LAYERSWAP_TRACK=subscribe-only, switchable between pause() and resume() (for benchmarks).");
+  m.def("tracker_mode", [] {
+    const profiler::tracker_mode mode = profiler::tracker_get_mode();
+    py::dict d;
+    d["api"] = mode.api == profiler::tracker_api::driver ? "driver" : "both";
+    d["subscribe_only"] = mode.subscribe_only;
+    return d;
+  }, "The mode of the current subscription (or of the next one when none is active).");
   m.def("tracker_stats", [] {
     py::dict d;
     d["active"] = profiler::tracker_active();

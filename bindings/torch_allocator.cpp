@@ -21,9 +21,11 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <cstdio>
 #include <vector>
 
 #include "allocator/registry.hpp"
+#include "profiler/learner.hpp"
 #include "profiler/tracker.hpp"
 #include "runtime/error.hpp"
 #include "runtime/log.hpp"
@@ -273,6 +275,22 @@ bool native_initialized() {
   return current && current != &adapter() && current->initialized();
 }
 
+// LAYERSWAP_STATS: what the learner made of the launches.
+static std::string learner_report() {
+  const profiler::learner* l = profiler::tracker_learner();
+  if (l == nullptr) return {};
+  const profiler::learner_stats s = l->stats();
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "layerswap: learner: %s; period %llu launches, %llu steps followed, %llu recurring regions in %llu "
+                "groups, learned %llu times, relearned %llu times, %.4f of launches predicted\n",
+                s.learned ? "step learned" : "no step learned", static_cast<unsigned long long>(s.period),
+                static_cast<unsigned long long>(s.steps), static_cast<unsigned long long>(s.recurring_regions),
+                static_cast<unsigned long long>(s.groups), static_cast<unsigned long long>(s.learns),
+                static_cast<unsigned long long>(s.relearns), s.hit_rate());
+  return line;
+}
+
 void install() {
   std::lock_guard lock(g_install_mutex);
   if (installed()) return;
@@ -304,7 +322,11 @@ void install() {
   LAYERSWAP_LOG(info, "installed as PyTorch's CUDA allocator");
   // The launch tracker (LAYERSWAP_TRACK): installed means layerswap is on, so only an explicit 0 keeps it off.
   // It never fails the install: without CUPTI, or with CUPTI taken by another tool, the program runs untracked.
-  if (global_config().track != config::track_mode::off) (void)profiler::tracker_start();
+  if (global_config().track != config::track_mode::off && profiler::tracker_start()) {
+    // Swapping learns the step from the tracker: its learner is the forecast every residency policy reads.
+    set_forecast_source(profiler::tracker_learner());
+    set_stats_section(&learner_report);
+  }
 }
 
 double bench_alloc_free(std::size_t bytes, int iters) {

@@ -22,13 +22,14 @@ inline constexpr int k_undecoded_reasons = static_cast<int>(undecoded_reason::co
 [[nodiscard]] const char* reason_name(undecoded_reason r) noexcept;
 
 // Region ids held inline by one event; a launch touching more regions continues in further events with the
-// same launch number and `continued` set.
-inline constexpr int k_event_regions = 26;
+// same launch number and `continued` set. 22 makes an event 120 bytes: with the ring's sequence number, a ring
+// cell is exactly two cache lines (event_ring.hpp).
+inline constexpr int k_event_regions = 22;
 
 struct access_event {
   std::uint64_t launch_no = 0;  // process-wide launch number, from 1
   std::uint64_t stream = 0;     // CUstream / cudaStream_t value (0: legacy default stream)
-  std::uint64_t time_ns = 0;    // steady clock at the launch call
+  std::uint64_t time_ns = 0;    // steady clock at the launch call; 0 unless a trace is written (tracker_core)
   std::uint32_t kernel = 0;     // kernel id (layout_cache), 0 for copies, memsets and graphs
   launch_kind kind = launch_kind::kernel;
   undecoded_reason reason = undecoded_reason::none;
@@ -36,6 +37,8 @@ struct access_event {
   std::uint8_t flags = 0;  // k_flag_*
   region_id regions[k_event_regions];
 };
+
+static_assert(sizeof(access_event) == 120, "a ring cell of an access event should be two cache lines");
 
 inline constexpr std::uint8_t k_flag_continued = 1;  // more regions of an earlier event with this launch_no
 inline constexpr std::uint8_t k_flag_truncated = 2;  // the launch touched more regions than were recorded

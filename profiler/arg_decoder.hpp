@@ -40,10 +40,10 @@ using region_lookup_fn = region_id (*)(std::uint64_t address) noexcept;
 // The distinct regions of one launch. Capacity bounded; overflow sets `truncated`.
 struct region_set {
   static constexpr int k_capacity = 512;
-  region_id ids[k_capacity];
-  int count = 0;
+  int count = 0;  // before the ids: a launch with few regions touches one cache line
   bool truncated = false;
   std::uint32_t words = 0;  // words looked up
+  region_id ids[k_capacity]{};
 
   void clear() noexcept {
     count = 0;

@@ -10,7 +10,20 @@
 // Which callbacks: runtime kernel launches (cudaLaunchKernel, ...ExC, cooperative), driver kernel launches
 // (cuLaunchKernel, cuLaunchKernelEx, cooperative), graph launches of both APIs, and the memcpy / memset calls
 // that can touch device memory. A driver callback nested in a runtime one is skipped (Note [Nested launch
-// callbacks]).
+// callbacks]). LAYERSWAP_TRACK_API=driver takes the driver's callbacks only (Note [Callback domains]).
+//
+// Note [Callback domains]
+//   CUPTI raises an enter and an exit callback per API call, and a runtime launch (all of PyTorch's own
+//   kernels) calls the driver underneath: with both domains enabled (the default) one torch launch costs four
+//   dispatches into this file, two of which only skip (Note [Nested launch callbacks]). With the driver domain
+//   only (LAYERSWAP_TRACK_API=driver) it costs two, and the runtime launch is decoded in the driver callback it
+//   makes: its kernelParams, and the CUfunction, whose layout cuFuncGetParamInfo / cuKernelGetParamInfo give
+//   (driver_query). That is only right if every runtime launch, copy and memset reaches one of the driver
+//   callbacks enabled here with its arguments: tests/gpu/tracker_gpu_test.cpp checks it per API in both modes,
+//   and bench/tracker.py measures both modes' decoded fraction on a training step and their cost.
+//   LAYERSWAP_TRACK=subscribe-only subscribes on_callback_empty with the same callbacks enabled: the
+//   benchmark's measure of CUPTI's own share of the cost. It records nothing and leaves the residency gate
+//   unfed.
 //
 // Note [Run-time binding]
 //   CUPTI: the copy already loaded in the process if any (PyTorch's wheel loads libcupti.so.13), else
@@ -38,7 +51,9 @@
 
 #include "allocator/region_map.hpp"
 #include "allocator/registry.hpp"
-#include "profiler/launch_dedupe.hpp"
+#include "allocator/residency_gate.hpp"
+#include "profiler/launch_recorder.hpp"
+#include "profiler/learner.hpp"
 #include "profiler/tracker.hpp"
 #include "runtime/log.hpp"
 
@@ -76,11 +91,15 @@ struct state {
   cuda_api cuda;
   CUpti_SubscriberHandle subscriber = nullptr;
   tracker_core* core = nullptr;  // never destroyed: callbacks may be in flight at any time
+  learner* learn = nullptr;      // fed by the core's consumer; never destroyed (the allocator may hold it)
   std::atomic<bool> active{false};
   std::atomic<bool> paused{false};
   std::atomic<bool> busy{false};
   bool busy_reported = false;
   bool exit_hook = false;
+  bool mode_set = false;  // by tracker_set_mode(), else from the configuration at the next subscribe
+  tracker_mode mode;
+  tracker_mode subscribed_mode;  // of the current subscription
 };
 
 state& the_state() {
@@ -90,6 +109,7 @@ state& the_state() {
 
 // The core the callback writes to; published once, never changes.
 std::atomic<tracker_core*> g_core{nullptr};
+std::atomic<learner*> g_learner{nullptr};
 cuda_api g_cuda;  // written before the first subscribe, read-only afterwards
 std::atomic<std::uint32_t> g_generation{0};
 
@@ -183,29 +203,26 @@ query_status runtime_query(void*, std::uint64_t function, std::uint32_t index, p
   return r == cudaErrorInvalidValue ? query_status::end : query_status::error;
 }
 
-// Context of driver_query: which call answers for this function, decided at parameter 0.
-struct driver_query_context {
-  bool use_kernel = false;
-};
-
 query_status driver_query(void* context, std::uint64_t function, std::uint32_t index, param_slot& out) noexcept {
   const cuda_api& c = g_cuda;
-  auto& ctx = *static_cast<driver_query_context*>(context);
+  // The context (record_kernel's, zeroed per launch) says which call answers for this function, decided at
+  // parameter 0: 0 cuFuncGetParamInfo, 1 cuKernelGetParamInfo.
+  auto& use_kernel = *static_cast<std::uint64_t*>(context);
   std::size_t offset = 0;
   std::size_t size = 0;
   CUresult r = CUDA_ERROR_NOT_SUPPORTED;
   if (index == 0) {
     // A CUfunction (Triton's cuModuleGetFunction) answers cuFuncGetParamInfo; a CUkernel (library kernels,
     // runtime launches) fails it with 400 and answers cuKernelGetParamInfo (DESIGN.md).
-    ctx.use_kernel = false;
+    use_kernel = 0;
     if (c.func_get_param_info_driver) {
       r = c.func_get_param_info_driver(reinterpret_cast<CUfunction>(function), 0, &offset, &size);
     }
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE && c.kernel_get_param_info) {
-      ctx.use_kernel = true;
+      use_kernel = 1;
       r = c.kernel_get_param_info(reinterpret_cast<CUkernel>(function), 0, &offset, &size);
     }
-  } else if (ctx.use_kernel) {
+  } else if (use_kernel) {
     if (c.kernel_get_param_info) r = c.kernel_get_param_info(reinterpret_cast<CUkernel>(function), index, &offset, &size);
   } else if (c.func_get_param_info_driver) {
     r = c.func_get_param_info_driver(reinterpret_cast<CUfunction>(function), index, &offset, &size);
@@ -219,52 +236,7 @@ query_status driver_query(void* context, std::uint64_t function, std::uint32_t i
 
 // ---- the callback ----
 
-struct thread_scratch {
-  std::uint32_t generation = 0;
-  launch_nesting nesting;
-  region_set regions;
-  param_slot params[k_max_params];
-};
-thread_local thread_scratch t_scratch;
-
-void add_pointer(region_set& set, std::uint64_t address) noexcept {
-  if (const region_id id = region_map::lookup(address)) set.add(id);
-}
-
 std::uint64_t stream_value(const void* stream) noexcept { return reinterpret_cast<std::uint64_t>(stream); }
-
-// A kernel launch with either kernelParams (+ layout) or an extra buffer.
-void record_kernel(tracker_core& core, thread_scratch& t, bool runtime, std::uint64_t function, const char* name,
-                   std::uint64_t stream, void* const* args, void* const* extra) noexcept {
-  region_set& regions = t.regions;
-  regions.clear();
-  undecoded_reason reason = undecoded_reason::none;
-  driver_query_context ctx;
-  const layout_lookup found = core.layouts().find_or_add(function, name, runtime ? runtime_query : driver_query,
-                                                         &ctx, t.params);
-  if (args != nullptr) {
-    if (found.has_layout) {
-      decode_params(found.layout, args, region_map::lookup, regions);
-    } else {
-      reason = undecoded_reason::no_layout;
-    }
-  } else if (const extra_buffer buffer = parse_extra(extra); buffer.data != nullptr) {
-    scan_words(buffer.data, buffer.size, region_map::lookup, regions);
-  } else {
-    reason = undecoded_reason::no_args;
-  }
-  if (regions.count > 0) reason = undecoded_reason::none;
-  core.record(launch_kind::kernel, stream, found.kernel, reason, regions);
-}
-
-void record_copy(tracker_core& core, thread_scratch& t, launch_kind kind, std::uint64_t stream, std::uint64_t dst,
-                 std::uint64_t src) noexcept {
-  region_set& regions = t.regions;
-  regions.clear();
-  add_pointer(regions, dst);
-  if (src != 0) add_pointer(regions, src);
-  core.record(kind, stream, 0, undecoded_reason::none, regions);
-}
 
 template <class P>
 const P& params_of(const CUpti_CallbackData* info) noexcept {
@@ -278,27 +250,26 @@ void on_runtime(tracker_core& core, thread_scratch& t, CUpti_CallbackId cbid, co
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000:
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000: {
       const auto& p = params_of<cudaLaunchKernel_v7000_params>(info);
-      record_kernel(core, t, true, u64(p.func), info->symbolName, stream_value(p.stream), p.args, nullptr);
+      record_kernel(core, t, runtime_query, u64(p.func), info->symbolName, stream_value(p.stream), p.args, nullptr);
       break;
     }
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000:
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000: {
       const auto& p = params_of<cudaLaunchCooperativeKernel_v9000_params>(info);
-      record_kernel(core, t, true, u64(p.func), info->symbolName, stream_value(p.stream), p.args, nullptr);
+      record_kernel(core, t, runtime_query, u64(p.func), info->symbolName, stream_value(p.stream), p.args, nullptr);
       break;
     }
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060:
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060: {
       const auto& p = params_of<cudaLaunchKernelExC_v11060_params>(info);
-      record_kernel(core, t, true, u64(p.func), info->symbolName, p.config ? stream_value(p.config->stream) : 0,
+      record_kernel(core, t, runtime_query, u64(p.func), info->symbolName, p.config ? stream_value(p.config->stream) : 0,
                     p.args, nullptr);
       break;
     }
     case CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000:
     case CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000: {
       const auto& p = params_of<cudaGraphLaunch_v10000_params>(info);
-      t.regions.clear();
-      core.record(launch_kind::graph, stream_value(p.stream), 0, undecoded_reason::graph, t.regions);
+      record_graph(core, t, stream_value(p.stream));
       break;
     }
     case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020:
@@ -332,27 +303,26 @@ void on_driver(tracker_core& core, thread_scratch& t, CUpti_CallbackId cbid, con
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz: {
       const auto& p = params_of<cuLaunchKernel_params>(info);
-      record_kernel(core, t, false, u64(p.f), info->symbolName, stream_value(p.hStream), p.kernelParams, p.extra);
+      record_kernel(core, t, driver_query, u64(p.f), info->symbolName, stream_value(p.hStream), p.kernelParams, p.extra);
       break;
     }
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz: {
       const auto& p = params_of<cuLaunchCooperativeKernel_params>(info);
-      record_kernel(core, t, false, u64(p.f), info->symbolName, stream_value(p.hStream), p.kernelParams, nullptr);
+      record_kernel(core, t, driver_query, u64(p.f), info->symbolName, stream_value(p.hStream), p.kernelParams, nullptr);
       break;
     }
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz: {
       const auto& p = params_of<cuLaunchKernelEx_params>(info);
-      record_kernel(core, t, false, u64(p.f), info->symbolName, p.config ? stream_value(p.config->hStream) : 0,
+      record_kernel(core, t, driver_query, u64(p.f), info->symbolName, p.config ? stream_value(p.config->hStream) : 0,
                     p.kernelParams, p.extra);
       break;
     }
     case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch:
     case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz: {
       const auto& p = params_of<cuGraphLaunch_params>(info);
-      t.regions.clear();
-      core.record(launch_kind::graph, stream_value(p.hStream), 0, undecoded_reason::graph, t.regions);
+      record_graph(core, t, stream_value(p.hStream));
       break;
     }
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync:
@@ -439,29 +409,41 @@ void on_driver(tracker_core& core, thread_scratch& t, CUpti_CallbackId cbid, con
   }
 }
 
+// LAYERSWAP_TRACK=subscribe-only: CUPTI's own cost per launch, with the same callbacks enabled.
+void CUPTIAPI on_callback_empty(void*, CUpti_CallbackDomain, CUpti_CallbackId, const void*) noexcept {}
+
 void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) noexcept {
   tracker_core* core = g_core.load(std::memory_order_acquire);
   if (core == nullptr) return;
   const auto* info = static_cast<const CUpti_CallbackData*>(data);
-  thread_scratch& t = t_scratch;
+  thread_scratch& t = this_thread_scratch();
   const std::uint32_t generation = g_generation.load(std::memory_order_relaxed);
   if (t.generation != generation) {  // a new subscription: forget nesting left over from the last one
     t.generation = generation;
     t.nesting = launch_nesting{};
+    t.gate.close_all();  // launches whose exit callback the old subscription never delivered
   }
+  // Each counted launch opens a gate frame at API enter and closes it at API exit (Note [Gate bookkeeping]);
+  // a driver callback nested in a runtime launch does neither, at enter or at exit.
   if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
     if (info->callbackSite == CUPTI_API_EXIT) {
+      t.gate.close();
       t.nesting.runtime_exit();
       return;
     }
     t.nesting.runtime_enter();
+    t.gate.open();
     on_runtime(*core, t, cbid, info);
   } else if (domain == CUPTI_CB_DOMAIN_DRIVER_API) {
-    if (info->callbackSite != CUPTI_API_ENTER) return;
     if (t.nesting.driver_is_nested()) {
-      core->count_nested();
+      if (info->callbackSite == CUPTI_API_ENTER) core->count_nested();
       return;
     }
+    if (info->callbackSite == CUPTI_API_EXIT) {
+      t.gate.close();
+      return;
+    }
+    t.gate.open();
     on_driver(*core, t, cbid, info);
   }
 }
@@ -535,6 +517,20 @@ void at_exit() {
   core->close_trace();
 }
 
+// The mode of the next subscription: tracker_set_mode()'s, else the configuration's.
+tracker_mode mode_locked(state& s) {
+  if (!s.mode_set) {
+    try {
+      const config& c = global_config();
+      s.mode.api = c.track_api == config::track_api_mode::driver ? tracker_api::driver : tracker_api::both;
+      s.mode.subscribe_only = c.track == config::track_mode::subscribe_only;
+    } catch (...) {  // a bad setting was reported where the configuration was first read
+    }
+    s.mode_set = true;
+  }
+  return s.mode;
+}
+
 bool subscribe_locked(state& s) {
   if (s.active.load()) return true;
   if (!load_locked(s)) return false;
@@ -545,9 +541,14 @@ bool subscribe_locked(state& s) {
     } catch (...) {
     }
     s.core = new tracker_core(options);
+    s.learn = new learner();
+    s.core->set_learner(s.learn);
+    g_learner.store(s.learn, std::memory_order_release);
     g_core.store(s.core, std::memory_order_release);
   }
-  const CUptiResult r = s.cupti.subscribe(&s.subscriber, reinterpret_cast<CUpti_CallbackFunc>(&on_callback), nullptr);
+  const tracker_mode mode = mode_locked(s);
+  const auto callback = mode.subscribe_only ? &on_callback_empty : &on_callback;
+  const CUptiResult r = s.cupti.subscribe(&s.subscriber, reinterpret_cast<CUpti_CallbackFunc>(callback), nullptr);
   if (r != CUPTI_SUCCESS) {
     s.subscriber = nullptr;
     if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
@@ -566,7 +567,9 @@ bool subscribe_locked(state& s) {
   s.busy.store(false);
   g_generation.fetch_add(1, std::memory_order_relaxed);
   bool all = true;
-  if (g_cuda.func_get_param_info) {  // else the driver callbacks decode everything (Note [Run-time binding])
+  // Note [Callback domains]: without the runtime's param info the driver callbacks decode everything.
+  const bool runtime_callbacks = mode.api == tracker_api::both && g_cuda.func_get_param_info != nullptr;
+  if (runtime_callbacks) {
     for (const CUpti_CallbackId cbid : k_runtime_cbids) {
       all &= s.cupti.enable_callback(1, s.subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, cbid) == CUPTI_SUCCESS;
     }
@@ -576,18 +579,24 @@ bool subscribe_locked(state& s) {
   }
   if (!all) LAYERSWAP_LOG(info, "some CUPTI launch callbacks could not be enabled");
   s.problem.clear();
-  s.core->start_consumer();
+  s.subscribed_mode = mode;
+  if (!mode.subscribe_only) {
+    s.core->start_consumer();
+    residency_gate::set_fed(true);  // from here on every launch enters and exits the regions it touches
+  }
   s.active.store(true);
   if (!s.exit_hook) {
     s.exit_hook = true;
     std::atexit(at_exit);
   }
-  LAYERSWAP_LOG(info, "launch tracker on (runtime callbacks %s)", g_cuda.func_get_param_info ? "on" : "off");
+  LAYERSWAP_LOG(info, "launch tracker on (runtime callbacks %s, driver callbacks on%s)", runtime_callbacks ? "on" : "off",
+                mode.subscribe_only ? "; subscribe-only: nothing is recorded" : "");
   return true;
 }
 
 void unsubscribe_locked(state& s) {
   if (!s.active.load()) return;
+  residency_gate::set_fed(false);  // the engine must not trust the gate's idleness from now on
   s.cupti.unsubscribe(s.subscriber);
   s.subscriber = nullptr;
   s.active.store(false);
@@ -657,6 +666,24 @@ std::string tracker_problem() {
 }
 
 tracker_core* tracker_instance() noexcept { return g_core.load(std::memory_order_acquire); }
+learner* tracker_learner() noexcept { return g_learner.load(std::memory_order_acquire); }
+
+void tracker_set_mode(tracker_mode mode) noexcept {
+  state& s = the_state();
+  std::lock_guard lock(s.mutex);
+  s.mode = mode;
+  s.mode_set = true;
+}
+
+tracker_mode tracker_get_mode() noexcept {
+  state& s = the_state();
+  std::lock_guard lock(s.mutex);
+  try {
+    return s.active.load() ? s.subscribed_mode : mode_locked(s);
+  } catch (...) {
+    return s.mode;
+  }
+}
 
 }  // namespace layerswap::profiler
 
@@ -674,6 +701,9 @@ bool tracker_paused() noexcept { return false; }
 bool tracker_subscriber_busy() noexcept { return false; }
 std::string tracker_problem() { return "layerswap was built without the CUPTI headers"; }
 tracker_core* tracker_instance() noexcept { return nullptr; }
+learner* tracker_learner() noexcept { return nullptr; }
+void tracker_set_mode(tracker_mode) noexcept {}
+tracker_mode tracker_get_mode() noexcept { return {}; }
 }  // namespace layerswap::profiler
 
 #endif

@@ -64,7 +64,9 @@ class event_ring {
   }
 
  private:
-  struct cell {
+  // Cache-line aligned: a cell shares no line with its neighbours, so a producer writing cell p + 1 never
+  // waits for a line that the consumer, reading cell p, holds.
+  struct alignas(64) cell {
     std::atomic<std::size_t> sequence{0};
     T value{};
   };

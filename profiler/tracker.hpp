@@ -8,11 +8,26 @@
 // nothing to do.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "profiler/tracker_core.hpp"
 
 namespace layerswap::profiler {
+
+// Which callbacks a subscription takes (cupti_tracker.cpp, Note [Callback domains]).
+enum class tracker_api : std::uint8_t {
+  both,    // runtime and driver: four callbacks per runtime launch, decoded in the runtime one
+  driver,  // driver only: two per launch; a runtime launch is decoded in the driver callback it makes
+};
+struct tracker_mode {
+  tracker_api api = tracker_api::both;
+  bool subscribe_only = false;  // the callbacks are enabled but record nothing (a measurement aid)
+};
+// The mode the next subscription (tracker_start, tracker_resume) uses. Until set, LAYERSWAP_TRACK_API and
+// LAYERSWAP_TRACK=subscribe-only decide; tests and benchmarks switch modes between pause and resume.
+void tracker_set_mode(tracker_mode mode) noexcept;
+[[nodiscard]] tracker_mode tracker_get_mode() noexcept;
 
 // Loads CUPTI (first call), subscribes and starts the consumer. True when tracking is on afterwards.
 bool tracker_start() noexcept;
@@ -31,5 +46,8 @@ bool tracker_resume() noexcept;
 [[nodiscard]] std::string tracker_problem();
 // The core (counters, recent events); nullptr before the first tracker_start().
 [[nodiscard]] tracker_core* tracker_instance() noexcept;
+// The learner the tracker feeds (a layerswap::forecast_source for the residency policy); nullptr before the
+// first tracker_start(). It lives as long as the process.
+[[nodiscard]] learner* tracker_learner() noexcept;
 
 }  // namespace layerswap::profiler

@@ -30,6 +30,7 @@ tracker_core::tracker_core(tracker_options options)
     : options_(std::move(options)), ring_(options_.ring_capacity), origin_ns_(now_ns()) {
   if (!options_.trace_path.empty()) {
     if (trace_.open(options_.trace_path, options_.trace_max_events)) {
+      stamp_ = true;
       LAYERSWAP_LOG(info, "writing a launch trace to %s", options_.trace_path.c_str());
     } else {
       LAYERSWAP_LOG(warn, "LAYERSWAP_TRACE=%s: cannot create the file; no trace is written",
@@ -47,10 +48,10 @@ tracker_core::~tracker_core() {
   close_trace();
 }
 
-void tracker_core::record(launch_kind kind, std::uint64_t stream, std::uint32_t kernel, undecoded_reason reason,
+std::uint64_t tracker_core::record(launch_kind kind, std::uint64_t stream, std::uint32_t kernel, undecoded_reason reason,
                           const region_set& regions) noexcept {
   const std::uint64_t launch = next_launch_.fetch_add(1, std::memory_order_relaxed);
-  const std::uint64_t time = now_ns();
+  const std::uint64_t time = stamp_ ? now_ns() : 0;  // only the trace reads it
   int done = 0;
   bool first = true;
   do {
@@ -68,15 +69,17 @@ void tracker_core::record(launch_kind kind, std::uint64_t stream, std::uint32_t 
     });
     if (!pushed) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
-      return;
+      return launch;
     }
     done += n;
     first = false;
   } while (done < regions.count);
+  return launch;
 }
 
 void tracker_core::consume_one_locked(const access_event& e) {
   if (trace_.is_open()) trace_.write(e, kernel_name(e.kind, e.kernel), origin_ns_);
+  if (learner_ != nullptr) learner_->on_event(e);
   if (e.flags & k_flag_continued) {
     // Continue the launch's entry (usually the newest; another thread's launches may sit in between).
     for (auto it = recent_.rbegin(); it != recent_.rend() && it - recent_.rbegin() < 64; ++it) {
@@ -139,8 +142,8 @@ void tracker_core::start_consumer() {
       } catch (...) {
       }
       lock.lock();
-      // Producers never signal (that would be a syscall on the hot path): poll, faster while busy.
-      if (n == 0) wake_.wait_for(lock, std::chrono::milliseconds(2));
+      // Producers never signal (that would be a syscall on the hot path): poll. Note [Consumer pacing]
+      if (n < ring_.capacity() / 4) wake_.wait_for(lock, std::chrono::milliseconds(1));
     }
   });
 }
@@ -194,6 +197,16 @@ std::string tracker_core::kernel_name(launch_kind kind, std::uint32_t kernel) co
   const std::string_view name = layouts_.name(kernel);
   if (!name.empty()) return std::string(name);
   return "kernel#" + std::to_string(kernel);
+}
+
+void tracker_core::set_learner(learner* l) {
+  std::lock_guard lock(mutex_);
+  learner_ = l;
+}
+
+learner* tracker_core::get_learner() {
+  std::lock_guard lock(mutex_);
+  return learner_;
 }
 
 void tracker_core::close_trace() {

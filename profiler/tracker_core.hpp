@@ -1,13 +1,22 @@
 // The launch tracker without CUPTI: what the CUPTI callback hands its decoded launches to, and everything
 // that happens to them afterwards. Plain C++, fed with synthetic launches by the unit tests.
 //
-// Hot path (record(), from any launching thread): numbers the launch, stamps it, and pushes one access event
-// (more when it touched more than k_event_regions regions) into the lock-free ring. No lock, no allocation,
-// no logging; a full ring drops the event and counts it.
+// Hot path (record(), from any launching thread): numbers the launch, stamps it (only while a trace is written:
+// the trace is the only reader of the time, and a clock read is a fifth of the callback's hot cost), and pushes
+// one access event (more when it touched more than k_event_regions regions) into the lock-free ring. No lock,
+// no allocation, no logging; a full ring drops the event and counts it.
+//
+// Note [Consumer pacing]
+//   The consumer wakes every millisecond and drains what has accumulated; it goes round again at once only
+//   while the ring is more than a quarter full. It must not chase the producers event by event: a consumer in
+//   lockstep with a launching thread reads each ring cell right after it is written, so the launching thread
+//   meets, launch after launch, cache lines that the consumer's core holds, and on an SMT sibling it competes
+//   for the core itself. At a launch per microsecond a millisecond is a thousand events, a thirtieth of the
+//   ring; the learner and the residency engine plan in steps of milliseconds or more.
 //
 // Consumer (a background thread started with start_consumer(), or any caller of consume(), serialized by a
 // mutex): drains the ring into the statistics, the bounded recent-events buffer that drain() hands to tests
-// and benchmarks (the learner of issue 4 will take its place), and the trace file.
+// and benchmarks, the learner (set_learner(): step period and forecast, learner.hpp), and the trace file.
 #pragma once
 
 #include <atomic>
@@ -25,6 +34,7 @@
 #include "profiler/arg_decoder.hpp"
 #include "profiler/event_ring.hpp"
 #include "profiler/layout_cache.hpp"
+#include "profiler/learner.hpp"
 #include "profiler/trace_writer.hpp"
 
 namespace layerswap::profiler {
@@ -74,7 +84,8 @@ class tracker_core {
   [[nodiscard]] layout_cache& layouts() noexcept { return layouts_; }
 
   // ---- hot path: any thread, noexcept, no allocation ----
-  void record(launch_kind kind, std::uint64_t stream, std::uint32_t kernel, undecoded_reason reason,
+  // Returns the launch number given to the launch (also when its event was dropped).
+  std::uint64_t record(launch_kind kind, std::uint64_t stream, std::uint32_t kernel, undecoded_reason reason,
               const region_set& regions) noexcept;
   void count_nested() noexcept { nested_.fetch_add(1, std::memory_order_relaxed); }
 
@@ -90,6 +101,10 @@ class tracker_core {
   [[nodiscard]] std::string kernel_name(launch_kind kind, std::uint32_t kernel) const;
   // Flushes and closes the trace file (at stop and at exit).
   void close_trace();
+  // The learner fed with every consumed event (not owned; nullptr: none). Set before start_consumer() or at
+  // any time: the consumer's mutex orders it with consumption.
+  void set_learner(learner* l);
+  [[nodiscard]] learner* get_learner();
 
  private:
   void consume_one_locked(const access_event& event);
@@ -101,12 +116,14 @@ class tracker_core {
   std::atomic<std::uint64_t> dropped_{0};
   std::atomic<std::uint64_t> nested_{0};
   std::uint64_t origin_ns_ = 0;
+  bool stamp_ = false;  // whether record() reads the clock (a trace is written)
 
   std::mutex mutex_;  // the consumer side
   tracker_stats stats_;
   std::deque<drained_event> recent_;
   std::unordered_map<std::uint32_t, std::uint64_t> no_region_by_kernel_;
   trace_writer trace_;
+  learner* learner_ = nullptr;
 
   std::mutex thread_mutex_;
   std::condition_variable wake_;

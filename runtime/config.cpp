@@ -22,7 +22,10 @@ namespace layerswap {
 namespace {
 
 // Rows of the table, in table order.
-enum row : std::size_t { row_enable, row_budget, row_log, row_stats, row_va_reserve, row_track, row_trace, row_count };
+enum row : std::size_t {
+  row_enable, row_budget, row_log, row_stats, row_va_reserve, row_track, row_track_api, row_trace,
+  row_prefetch, row_pin, row_host_limit, row_count
+};
 
 constexpr setting_info k_settings[row_count] = {
     {"LAYERSWAP", "0", "0 or 1 (also true/false, on/off, yes/no)",
@@ -37,10 +40,24 @@ constexpr setting_info k_settings[row_count] = {
      "Print allocator statistics to stderr at exit"},
     {"LAYERSWAP_VA_RESERVE", "1TiB", "a size such as 1TiB or 256GiB (at least 2MiB)",
      "Virtual address space reserved per arena (grows by further arenas when used up)"},
-    {"LAYERSWAP_TRACK", "auto", "auto, 0 or 1 (also true/false, on/off, yes/no)",
-     "The CUPTI launch tracker: auto runs it whenever layerswap is on; 0 never; 1 always"},
+    {"LAYERSWAP_TRACK", "auto", "auto, 0 or 1 (also true/false, on/off, yes/no), or subscribe-only",
+     "The CUPTI launch tracker: auto runs it whenever layerswap is on; 0 never; 1 always; subscribe-only (a "
+     "measurement aid) takes CUPTI and enables the same callbacks but records nothing, so that a benchmark sees "
+     "CUPTI's own cost; without records swapping stays off, as without a tracker"},
+    {"LAYERSWAP_TRACK_API", "both", "both or driver",
+     "Which CUPTI callbacks the tracker takes: both = the runtime's and the driver's (a runtime launch raises "
+     "four callbacks and is decoded in the runtime's); driver = the driver's only (two per launch; a runtime "
+     "launch is decoded in the driver callback it makes)"},
     {"LAYERSWAP_TRACE", "none", "a file path such as /tmp/launches.json, or none",
      "Write a Chrome/Perfetto trace of launches and the regions each touched to this file (bounded size)"},
+    {"LAYERSWAP_PREFETCH", "auto", "auto, or a number of regions such as 8 (at least 1)",
+     "How far ahead swapping prefetches: auto as far as the budget allows, N at most the next N forecast regions"},
+    {"LAYERSWAP_PIN", "none",
+     "none; first:N and/or last:N joined by a comma, such as first:2,last:2 (groups of a step); or a size such "
+     "as 2GiB (the step's first groups up to that size)",
+     "Groups swapping never evicts: the first and last groups used in a step, or the first ones up to a size"},
+    {"LAYERSWAP_HOST_LIMIT", "none", "a size such as 64GiB, or none",
+     "Cap on the pinned host memory that backs swapped-out regions (none: as much as the host gives)"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";
@@ -248,6 +265,16 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
 
 std::span<const setting_info> settings_table() noexcept { return k_settings; }
 
+const char* track_name(config::track_mode mode) noexcept {
+  switch (mode) {
+    case config::track_mode::off: return "0";
+    case config::track_mode::on: return "1";
+    case config::track_mode::subscribe_only: return "subscribe-only";
+    case config::track_mode::automatic: break;
+  }
+  return "auto";
+}
+
 // ---- sizes ----
 
 size_setting parse_size(std::string_view name, std::string_view value, bool allow_percent) {
@@ -388,8 +415,18 @@ std::string config::describe() const {
   line(row_log, log_level_name(log), "  (default)");
   line(row_stats, stats ? "1" : "0", "  (default)");
   line(row_va_reserve, format_size(va_reserve), "  (default)");
-  line(row_track, track == track_mode::automatic ? "auto" : (track == track_mode::on ? "1" : "0"), "  (default)");
+  line(row_track, track_name(track), "  (default)");
+  line(row_track_api, track_api == track_api_mode::driver ? "driver" : "both", "  (default)");
   line(row_trace, trace.empty() ? "none" : trace, "  (default)");
+  line(row_prefetch, prefetch ? std::to_string(prefetch) : std::string("auto"), "  (default)");
+  {
+    std::string pin;
+    if (pin_first) pin = "first:" + std::to_string(pin_first);
+    if (pin_last) pin += (pin.empty() ? "" : ",") + std::string("last:") + std::to_string(pin_last);
+    if (pin_bytes) pin = format_size(pin_bytes);
+    line(row_pin, pin.empty() ? "none" : pin, "  (default)");
+  }
+  line(row_host_limit, host_limit ? format_size(host_limit) : std::string("none"), "  (default)");
   for (const auto& message : unknown) {
     out += message;
     out += '\n';
@@ -454,12 +491,72 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
   if (const auto track = given(row_track)) {
     if (iequals(trim(*track), "auto")) {
       result.track = config::track_mode::automatic;
+    } else if (iequals(trim(*track), "subscribe-only")) {
+      result.track = config::track_mode::subscribe_only;
     } else {
       result.track = parse_bool(k_settings[row_track].name, *track) ? config::track_mode::on : config::track_mode::off;
     }
   }
+  if (const auto api = given(row_track_api)) {
+    const std::string_view text = trim(*api);
+    if (iequals(text, "both")) {
+      result.track_api = config::track_api_mode::both;
+    } else if (iequals(text, "driver")) {
+      result.track_api = config::track_api_mode::driver;
+    } else {
+      reject(k_settings[row_track_api].name, *api, "is not both or driver", k_settings[row_track_api].accepted);
+    }
+  }
   if (const auto trace = given(row_trace)) {
     if (!iequals(trim(*trace), "none")) result.trace = std::string(trim(*trace));
+  }
+
+  if (const auto prefetch = given(row_prefetch)) {
+    const auto* name = k_settings[row_prefetch].name;
+    const std::string_view text = trim(*prefetch);
+    if (!iequals(text, "auto")) {
+      std::size_t n = 0;
+      bool ok = !text.empty() && text.size() <= 9;
+      for (char c : text) ok = ok && is_digit(c), n = n * 10 + static_cast<std::size_t>(c - '0');
+      if (!ok || n == 0) reject(name, *prefetch, "is not auto or a positive number", k_settings[row_prefetch].accepted);
+      result.prefetch = n;
+    }
+  }
+  if (const auto pin = given(row_pin)) {
+    const auto* name = k_settings[row_pin].name;
+    const auto* accepted = k_settings[row_pin].accepted;
+    const std::string_view text = trim(*pin);
+    if (!iequals(text, "none")) {
+      if (!text.empty() && is_digit(text.front()) && text.find(':') == std::string_view::npos) {
+        result.pin_bytes = static_cast<std::size_t>(parse_size(name, *pin, false).value);
+      } else {
+        std::string_view rest = text;
+        while (!rest.empty()) {
+          const auto comma = rest.find(',');
+          const std::string_view part = trim(rest.substr(0, comma));
+          rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+          const auto colon = part.find(':');
+          const std::string_view key = colon == std::string_view::npos ? part : trim(part.substr(0, colon));
+          const std::string_view num = colon == std::string_view::npos ? std::string_view{} : trim(part.substr(colon + 1));
+          std::uint32_t n = 0;
+          bool ok = !num.empty() && num.size() <= 6;
+          for (char c : num) ok = ok && is_digit(c), n = n * 10 + static_cast<std::uint32_t>(c - '0');
+          if (!ok) reject(name, *pin, "is not of the form first:N,last:N", accepted);
+          if (iequals(key, "first")) {
+            result.pin_first = n;
+          } else if (iequals(key, "last")) {
+            result.pin_last = n;
+          } else {
+            reject(name, *pin, "names neither first nor last", accepted);
+          }
+        }
+      }
+    }
+  }
+  if (const auto limit = given(row_host_limit)) {
+    if (!iequals(trim(*limit), "none")) {
+      result.host_limit = static_cast<std::size_t>(parse_size(k_settings[row_host_limit].name, *limit, false).value);
+    }
   }
 
   for (const auto& [name, value] : unknown) {

@@ -46,13 +46,25 @@ struct config {
   log_level log = log_level::warn;  // LAYERSWAP_LOG
   bool stats = false;            // LAYERSWAP_STATS: print statistics at exit
   std::size_t va_reserve = std::size_t{1} << 40;  // LAYERSWAP_VA_RESERVE: virtual address space per arena
-  // LAYERSWAP_TRACK: the CUPTI launch tracker. automatic = on whenever layerswap is enabled.
-  enum class track_mode : std::uint8_t { automatic, off, on };
+  // LAYERSWAP_TRACK: the CUPTI launch tracker. automatic = on whenever layerswap is enabled. subscribe_only: a
+  // measurement aid, CUPTI taken with the tracker's callbacks enabled but a callback that records nothing.
+  enum class track_mode : std::uint8_t { automatic, off, on, subscribe_only };
   track_mode track = track_mode::automatic;
+  // LAYERSWAP_TRACK_API: which CUPTI callback domains the tracker enables (profiler/cupti_tracker.cpp, Note
+  // [Callback domains]).
+  enum class track_api_mode : std::uint8_t { both, driver };
+  track_api_mode track_api = track_api_mode::both;
   std::string trace;             // LAYERSWAP_TRACE: path of a Chrome/Perfetto launch trace ("" for none)
+  std::size_t prefetch = 0;      // LAYERSWAP_PREFETCH: regions prefetched ahead; 0 = auto (as the budget allows)
+  // LAYERSWAP_PIN: groups never evicted: the first/last N groups of a step, or the first ones up to pin_bytes.
+  std::uint32_t pin_first = 0;
+  std::uint32_t pin_last = 0;
+  std::size_t pin_bytes = 0;
+  std::size_t host_limit = 0;    // LAYERSWAP_HOST_LIMIT: host bytes backing swapped-out regions; 0 = no cap
   // Whether the launch tracker should run (LAYERSWAP_TRACK against `enabled`).
   [[nodiscard]] bool tracking() const noexcept {
-    return track == track_mode::on || (track == track_mode::automatic && enabled);
+    return track == track_mode::on || track == track_mode::subscribe_only ||
+           (track == track_mode::automatic && enabled);
   }
 
   // LAYERSWAP_* names that are not in the table, each with a hint ("did you mean LAYERSWAP_BUDGET?").
@@ -82,6 +94,9 @@ struct config {
 // The closest known name to `name` (edit distance), or "" when nothing is reasonably close. Case-insensitive;
 // a name without the LAYERSWAP_ prefix ("bugdet", as enable() spells settings) is compared as if it had it.
 [[nodiscard]] std::string closest_setting(std::string_view name);
+
+// LAYERSWAP_TRACK's value as written: "auto", "0", "1" or "subscribe-only".
+[[nodiscard]] const char* track_name(config::track_mode mode) noexcept;
 
 // Human-readable bytes: "6.00 GiB", "512 B".
 [[nodiscard]] std::string format_bytes(std::uint64_t bytes);

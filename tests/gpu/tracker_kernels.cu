@@ -28,6 +28,23 @@ void launch_touch_runtime(float* a, float* b, int n, void* stream) {
   touch<<<(n + 255) / 256, 256, 0, static_cast<cudaStream_t>(stream)>>>(a, view{b, n});
 }
 
+bool launch_touch_runtime_ex(float* a, float* b, int n, void* stream) {
+  view v{b, n};
+  void* args[] = {&a, &v};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>((n + 255) / 256));
+  config.blockDim = dim3(256);
+  config.stream = static_cast<cudaStream_t>(stream);
+  return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(&touch), args) == cudaSuccess;
+}
+
+bool launch_touch_cooperative(float* a, float* b, int n, void* stream) {
+  view v{b, n};
+  void* args[] = {&a, &v};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&touch), dim3((n + 255) / 256), dim3(256), args,
+                                     0, static_cast<cudaStream_t>(stream)) == cudaSuccess;
+}
+
 bool launch_touch_driver(float* a, float* b, int n, void* stream, bool extra) {
   using launch_fn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                  CUstream, void**, void**);
@@ -61,6 +78,10 @@ void launch_empty(float* a, void* stream) { empty<<<1, 32, 0, static_cast<cudaSt
 
 void memset_async(void* p, std::size_t bytes, void* stream) {
   cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(stream));
+}
+
+void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream) {
+  cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream));
 }
 
 void synchronize() { cudaDeviceSynchronize(); }

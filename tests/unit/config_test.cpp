@@ -64,7 +64,7 @@ std::string config_error_of(const vars& v) {
 
 TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   const auto table = settings_table();
-  ASSERT_EQ(table.size(), 7u);
+  ASSERT_EQ(table.size(), 11u);
   std::vector<std::string> names;
   for (const auto& info : table) {
     names.emplace_back(info.name);
@@ -72,7 +72,8 @@ TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
     EXPECT_NE(std::string(info.help), "") << info.name;
   }
   EXPECT_EQ(names, (std::vector<std::string>{"LAYERSWAP", "LAYERSWAP_BUDGET", "LAYERSWAP_LOG", "LAYERSWAP_STATS",
-                                             "LAYERSWAP_VA_RESERVE", "LAYERSWAP_TRACK", "LAYERSWAP_TRACE"}));
+                                             "LAYERSWAP_VA_RESERVE", "LAYERSWAP_TRACK", "LAYERSWAP_TRACK_API", "LAYERSWAP_TRACE",
+                                             "LAYERSWAP_PREFETCH", "LAYERSWAP_PIN", "LAYERSWAP_HOST_LIMIT"}));
   EXPECT_STREQ(row("LAYERSWAP").default_value, "0");
   EXPECT_STREQ(row("LAYERSWAP_BUDGET").default_value, "none");
   EXPECT_STREQ(row("LAYERSWAP_LOG").default_value, "warn");
@@ -97,6 +98,7 @@ TEST(SettingsTable, DefaultsParseToTheConfigDefaults) {
   EXPECT_EQ(empty.va_reserve, tib);
   EXPECT_EQ(from_table.track, empty.track);
   EXPECT_EQ(from_table.trace, empty.trace);
+  EXPECT_EQ(from_table.track_api, empty.track_api);
 }
 
 // ---- the launch tracker's settings ----
@@ -120,6 +122,28 @@ TEST(TrackSetting, BadValueNamesTheAcceptedForms) {
     EXPECT_NE(message.find("LAYERSWAP_TRACK=\"sometimes\""), std::string::npos) << message;
     EXPECT_NE(message.find(row("LAYERSWAP_TRACK").accepted), std::string::npos) << message;
   }
+}
+
+TEST(TrackSetting, SubscribeOnlyIsAMeasurementMode) {
+  const config c = parse_config(vars{{"LAYERSWAP_TRACK", " Subscribe-Only "}});
+  EXPECT_EQ(c.track, config::track_mode::subscribe_only);
+  EXPECT_TRUE(c.tracking());
+  EXPECT_NE(c.describe().find("LAYERSWAP_TRACK=subscribe-only\n"), std::string::npos) << c.describe();
+  EXPECT_STREQ(track_name(config::track_mode::off), "0");
+  EXPECT_NE(config_error_of(vars{{"LAYERSWAP_TRACK", "subscribe"}}).find(row("LAYERSWAP_TRACK").accepted),
+            std::string::npos);
+}
+
+TEST(TrackApiSetting, BothOrDriver) {
+  EXPECT_STREQ(row("LAYERSWAP_TRACK_API").default_value, "both");
+  EXPECT_EQ(parse_config(vars{}).track_api, config::track_api_mode::both);
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_TRACK_API", " DRIVER "}}).track_api, config::track_api_mode::driver);
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_TRACK_API", "both"}}).track_api, config::track_api_mode::both);
+  const config c = parse_config(vars{{"LAYERSWAP_TRACK_API", "driver"}});
+  EXPECT_NE(c.describe().find("LAYERSWAP_TRACK_API=driver\n"), std::string::npos) << c.describe();
+  const std::string message = config_error_of(vars{{"LAYERSWAP_TRACK_API", "runtime"}});
+  EXPECT_NE(message.find("LAYERSWAP_TRACK_API=\"runtime\""), std::string::npos) << message;
+  EXPECT_NE(message.find("both or driver"), std::string::npos) << message;
 }
 
 TEST(TraceSetting, PathOrNone) {
@@ -485,7 +509,8 @@ TEST(ClosestSetting, FindsTyposAndRefusesStrangers) {
   EXPECT_EQ(closest_setting("LAYERSWAP_COMPLETELY_DIFFERENT"), "");
   EXPECT_EQ(closest_setting("LAYERSWAP_FOO"), "");
   EXPECT_EQ(closest_setting("LAYERSWAP_DEBUG"), "");
-  EXPECT_EQ(closest_setting("LAYERSWAP_BUDGET_LIMIT"), "");
+  // Close enough to a real *_LIMIT setting to be worth the hint.
+  EXPECT_EQ(closest_setting("LAYERSWAP_BUDGET_LIMIT"), "LAYERSWAP_HOST_LIMIT");
   EXPECT_EQ(closest_setting("verbose"), "");
 }
 
@@ -500,7 +525,11 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_STATS=0  (default)\n"
             "LAYERSWAP_VA_RESERVE=1TiB  (default)\n"
             "LAYERSWAP_TRACK=auto  (default)\n"
-            "LAYERSWAP_TRACE=none  (default)\n");
+            "LAYERSWAP_TRACK_API=both  (default)\n"
+            "LAYERSWAP_TRACE=none  (default)\n"
+            "LAYERSWAP_PREFETCH=auto  (default)\n"
+            "LAYERSWAP_PIN=none  (default)\n"
+            "LAYERSWAP_HOST_LIMIT=none  (default)\n");
 }
 
 TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
@@ -516,7 +545,11 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_STATS=1\n"
             "LAYERSWAP_VA_RESERVE=256GiB\n"
             "LAYERSWAP_TRACK=auto  (default)\n"
+            "LAYERSWAP_TRACK_API=both  (default)\n"
             "LAYERSWAP_TRACE=none  (default)\n"
+            "LAYERSWAP_PREFETCH=auto  (default)\n"
+            "LAYERSWAP_PIN=none  (default)\n"
+            "LAYERSWAP_HOST_LIMIT=none  (default)\n"
             "unknown setting LAYERSWAP_BUGDET=1 (did you mean LAYERSWAP_BUDGET?)\n");
 }
 
@@ -659,6 +692,30 @@ TEST_F(LogTest, LongMessagesAreCutToOneLineAndErrnoIsKept) {
   EXPECT_EQ(out.rfind("layerswap: warning: xxx", 0), 0u);
   EXPECT_EQ(out.substr(out.size() - 4), "...\n");
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1);
+}
+
+// ---- swapping settings ----
+
+TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
+  config c = parse_config(vars{{"LAYERSWAP_PREFETCH", "8"}, {"LAYERSWAP_PIN", "first:2, last:3"},
+                               {"LAYERSWAP_HOST_LIMIT", "64GiB"}});
+  EXPECT_EQ(c.prefetch, 8u);
+  EXPECT_EQ(c.pin_first, 2u);
+  EXPECT_EQ(c.pin_last, 3u);
+  EXPECT_EQ(c.pin_bytes, 0u);
+  EXPECT_EQ(c.host_limit, std::size_t{64} << 30);
+  c = parse_config(vars{{"LAYERSWAP_PREFETCH", "auto"}, {"LAYERSWAP_PIN", "2GiB"}, {"LAYERSWAP_HOST_LIMIT", "none"}});
+  EXPECT_EQ(c.prefetch, 0u);
+  EXPECT_EQ(c.pin_bytes, std::size_t{2} << 30);
+  EXPECT_EQ(c.host_limit, 0u);
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_PIN", "last:1"}}).pin_last, 1u);
+  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"LAYERSWAP_PREFETCH", "0"}, {"LAYERSWAP_PREFETCH", "many"}, {"LAYERSWAP_PIN", "middle:2"},
+           {"LAYERSWAP_PIN", "first:x"}, {"LAYERSWAP_PIN", "first"}, {"LAYERSWAP_HOST_LIMIT", "lots"}}) {
+    const std::string why = config_error_of(vars{{name, value}});
+    EXPECT_NE(why.find(name), std::string::npos) << why;
+    EXPECT_NE(why.find(value), std::string::npos) << why;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,761 @@
+// The residency engine and policy (allocator/residency.hpp).
+//
+// Algorithm
+// ---------
+// Every large segment of the caching allocator is a region the engine knows (swap_region); while it is live
+// (allocated) it is swappable. A region is backed by device pages (the allocator's pooled 2 MiB pages, one
+// map() each) or by one host-located VMM allocation of its size (created at its first eviction, kept for the
+// region's life, pooled by size when the region goes). Its state:
+//
+//   device --start_evict--> moving_out --finish: remap ok--> host --start_prefetch--> moving_in --ok--> device
+//                              |  (abandoned: a launch touched it)                        |  (abandoned)
+//                              +--> device                                                +--> host
+//
+// A move never touches the region's own VA until its copy is complete (Note [Shadow copies]), and remaps it
+// only through the residency gate (Note [Remap under the gate]), so the VA is always mapped to a full copy of
+// the data (DESIGN.md invariant 3) and no write is lost (invariant 4).
+//
+// The migration thread wakes every `period` (200 µs): it completes the moves whose copy event has completed
+// (query only: no host wait) and runs the policy (Note [Policy]). The allocation path evicts synchronously
+// when a request does not fit (Note [Allocation under pressure]).
+//
+// Note [Shadow copies]
+//   A move maps the destination pages at a shadow VA (a reservation of the region's size, pooled) and copies
+//   region VA -> shadow on the engine's copy stream (one for D2H, one for H2D). Before the copy, the engine
+//   snapshots the region's gate sequence s, then records an event on every stream launches may use (set_streams
+//   / note_stream, the legacy stream always) and makes the copy stream wait for them: every launch enqueued
+//   before the snapshot has completed when the copy starts. An event recorded after the copy tells when it is
+//   done. The copy is stream-ordered; the host never waits for it on the migration thread.
+//
+// Note [Remap under the gate]
+//   When the copy is done, try_begin_remap(r, s) succeeds only if no launch touching r has been issued since the
+//   snapshot and none is being issued (residency_gate.hpp). Then nothing pending on any GPU stream touches r
+//   (the launches before s completed before the copy), so its VA can be unmapped and mapped to the
+//   destination pages, with launches that arrive meanwhile waiting in enter(). On failure a launch may have
+//   written r after the copy read it: the copy is stale, the move is abandoned (shadow unmapped, pages given
+//   back) and the region stays where it was; the policy may try again later.
+//
+// Note [Write-back]
+//   An eviction always copies today. A GPU-side checksum of the region compared with the one taken when it last
+//   came in could prove the host copy current (frozen LoRA weights) and skip the copy: the hook is
+//   `region_is_clean()`, which answers false; residency_stats::writeback_skipped counts the skips (0 for now).
+//
+// Note [Policy]
+//   With a learned forecast: regions get a rank (their index in the forecast; absent = farthest). The wanted
+//   set is the forecast from the front, whole groups at a time, while its bytes fit in budget - reserve and at
+//   most LAYERSWAP_PREFETCH regions (auto: no count limit), where reserve = the largest "transient" usage seen:
+//   device bytes held that are not forecast regions (activations, slabs, the cache). Wanted regions on host are
+//   prefetched in forecast order when pages are free; otherwise the resident, unpinned, unwanted region with the
+//   farthest next use (Belady; ties by least recent use) is evicted to make room, if it is used later than the
+//   region that needs the room. Without a forecast (none, or not learned): a region on host that a launch
+//   touched since its eviction is brought back, evicting the least recently used resident region if needed.
+//   Pinned regions (LAYERSWAP_PIN, from the forecast's step order) are never evicted.
+//
+// Note [Allocation under pressure]
+//   When a request does not fit in the budget, the allocator reclaims its cache first, then calls
+//   evict_sync_locked(): it settles the moves in flight (host waits), then evicts the live, unpinned, resident
+//   region with the farthest next use (ranks of the last policy round; absent: least recently used), waiting
+//   for its fences and copy on the host. A remap refused by the gate (a launch on another thread) abandons
+//   that victim and tries the next. Only when nothing is left to evict does the allocator raise OOM.
+//
+// Note [Freeing a moved region]
+//   deallocate() of a region moving out cancels the move (the region stays device-backed and is cached as
+//   usual). A region on host or moving in is not cached: the allocator retires it (destroyed once an event on
+//   its stream says its last launches are done, and its move has completed), so a host-backed block is never
+//   handed out again.
+//
+// Note [No tracker]
+//   Without a tracker feeding the gate (gate::fed() false) the engine cannot see launches, so it can never know
+//   a region is idle: it moves nothing, not even under pressure (the allocator raises OOM as before). Tests that
+//   play the tracker set residency_options::without_tracker.
+#include "allocator/residency.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <limits>
+#include <map>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "allocator/residency_gate.hpp"
+#include "runtime/config.hpp"
+#include "runtime/error.hpp"
+#include "runtime/log.hpp"
+
+namespace layerswap::detail {
+
+namespace gate = residency_gate;
+
+namespace {
+constexpr std::uint64_t k_far = std::numeric_limits<std::uint64_t>::max();
+}
+
+struct move {
+  bool to_device = false;
+  device_ptr shadow = 0;
+  std::uint64_t snapshot = 0;
+  std::vector<event_handle> fences;  // recorded on the known streams before the copy
+  event_handle done = nullptr;       // recorded on the copy stream after the copy
+  std::vector<phys_handle> pages;    // prefetch: the device pages mapped at the shadow
+  bool cancelled = false;            // the region was freed (Note [Freeing a moved region])
+  bool sync = false;                 // a synchronous eviction (stall)
+};
+
+struct swap_region {
+  region_id id = 0;
+  device_ptr va = 0;
+  std::size_t bytes = 0;
+  std::size_t npages = 0;
+  std::vector<phys_handle>* pages = nullptr;  // the segment's device pages (empty while host-backed)
+  phys_handle host = 0;                       // host backing, 0 until the first eviction
+  region_residency state = region_residency::device;
+  std::unique_ptr<move> mv;
+  bool live = false;
+  bool pinned = false;
+  std::uint64_t evicted_seq = 0;  // gate sequence when it went to host (demand detection without a forecast)
+  std::uint64_t rank = k_far;     // index in the last forecast; k_far: absent
+  std::uint32_t group = 0;
+};
+
+struct residency_engine::impl {
+  impl(driver& p, std::mutex& m, page_source& s, residency_options o)
+      : port(p), mutex(m), source(s), options(std::move(o)), gran(p.granularity()) {}
+
+  driver& port;
+  std::mutex& mutex;
+  page_source& source;
+  residency_options options;
+  std::size_t gran;
+
+  // ---- guarded by `mutex` ----
+  std::unordered_map<region_id, std::unique_ptr<swap_region>> regions;
+  std::vector<stream_handle> streams{nullptr};  // streams launches may use; the legacy stream always
+  stream_handle d2h = nullptr;
+  stream_handle h2d = nullptr;
+  std::vector<event_handle> spare_events;
+  std::multimap<std::size_t, device_ptr> spare_shadows;  // bytes -> reservation
+  std::vector<std::pair<device_ptr, std::size_t>> shadows;  // all reservations, for the destructor
+  std::multimap<std::size_t, phys_handle> spare_host;     // bytes -> pooled host allocation
+  std::size_t host_bytes = 0;                              // host-located bytes in existence
+  std::size_t max_transient = 0;
+  std::uint64_t pin_generation = ~std::uint64_t{0};
+  residency_stats st;
+  std::size_t moves = 0;
+
+  // ---- migration thread ----
+  std::atomic<forecast_source*> forecaster{nullptr};
+  std::mutex tick_mutex;  // serializes tick() (the thread, and tests calling it)
+  forecast fc;            // guarded by tick_mutex
+  std::thread thread;
+  std::mutex wake_mutex;
+  std::condition_variable wake_cv;
+  bool stopping = false;
+  bool woken = false;
+  bool error_logged = false;
+
+  [[nodiscard]] bool active() const noexcept { return options.without_tracker || gate::fed(); }
+
+  // ---- helpers, all with `mutex` held ----
+  event_handle take_event() {
+    if (!spare_events.empty()) {
+      event_handle e = spare_events.back();
+      spare_events.pop_back();
+      return e;
+    }
+    return port.create_event();
+  }
+
+  device_ptr take_shadow(std::size_t bytes) {
+    auto it = spare_shadows.find(bytes);
+    if (it != spare_shadows.end()) {
+      const device_ptr va = it->second;
+      spare_shadows.erase(it);
+      return va;
+    }
+    const device_ptr va = port.reserve(bytes, gran);
+    shadows.emplace_back(va, bytes);
+    return va;
+  }
+
+  // Host backing of `bytes`: a pooled one of that size, else a new one within LAYERSWAP_HOST_LIMIT (pooled ones
+  // of other sizes are released first to make room). Throws device_out_of_memory when there is no room.
+  phys_handle take_host(std::size_t bytes) {
+    auto it = spare_host.find(bytes);
+    if (it != spare_host.end()) {
+      const phys_handle h = it->second;
+      spare_host.erase(it);
+      return h;
+    }
+    while (options.host_limit && host_bytes + bytes > options.host_limit && !spare_host.empty()) {
+      auto victim = spare_host.begin();
+      port.release(victim->second);
+      host_bytes -= victim->first;
+      spare_host.erase(victim);
+    }
+    if (options.host_limit && host_bytes + bytes > options.host_limit) {
+      throw device_out_of_memory(2, "layerswap: LAYERSWAP_HOST_LIMIT (" + format_bytes(options.host_limit) +
+                                        ") leaves no room for " + format_bytes(bytes) + " of host backing");
+    }
+    const phys_handle h = port.create(bytes, memory_location::host);
+    host_bytes += bytes;
+    return h;
+  }
+
+  void unmap_pages(device_ptr va, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) port.unmap(va + i * gran, gran);
+  }
+  void map_pages(device_ptr va, const std::vector<phys_handle>& pages) {
+    for (std::size_t i = 0; i < pages.size(); ++i) port.map(va + i * gran, gran, pages[i], 0);
+    port.set_access(va, pages.size() * gran);
+  }
+
+  // Note [Write-back]
+  [[nodiscard]] static bool region_is_clean(const swap_region&) noexcept { return false; }
+
+  // Starts the copy of `r` (region VA -> shadow) after fences on every known stream (Note [Shadow copies]).
+  void start_copy(swap_region& r, move& m, stream_handle copy_stream) {
+    m.snapshot = gate::sequence(r.id);
+    for (stream_handle s : streams) {
+      event_handle e = take_event();
+      m.fences.push_back(e);
+      port.record(e, s);
+      port.stream_wait(copy_stream, e);
+    }
+    port.copy_async(m.shadow, r.va, r.bytes, copy_stream);
+    m.done = take_event();
+    port.record(m.done, copy_stream);
+  }
+
+  bool start_evict(swap_region& r, bool sync) {
+    if (r.state != region_residency::device || r.mv || !r.live || r.pinned) return false;
+    if (r.host == 0) {
+      try {
+        r.host = take_host(r.bytes);
+      } catch (const device_out_of_memory&) {
+        return false;  // LAYERSWAP_HOST_LIMIT or the host is full: this region stays
+      }
+    }
+    auto m = std::make_unique<move>();
+    m->sync = sync;
+    m->shadow = take_shadow(r.bytes);
+    try {
+      port.map(m->shadow, r.bytes, r.host, 0);
+      try {
+        port.set_access(m->shadow, r.bytes);
+        if (region_is_clean(r)) {
+          // Hook (Note [Write-back]): the host copy is current; a copy-less move would go here.
+        }
+        start_copy(r, *m, d2h);
+      } catch (...) {
+        port.unmap(m->shadow, r.bytes);
+        throw;
+      }
+    } catch (...) {
+      spare_shadows.emplace(r.bytes, m->shadow);
+      spare_events.insert(spare_events.end(), m->fences.begin(), m->fences.end());
+      throw;
+    }
+    r.mv = std::move(m);
+    r.state = region_residency::moving_out;
+    ++moves;
+    return true;
+  }
+
+  bool start_prefetch(swap_region& r) {
+    if (r.state != region_residency::host || r.mv || !r.live) return false;
+    auto m = std::make_unique<move>();
+    m->to_device = true;
+    if (!source.take_pages(r.npages, m->pages)) return false;
+    m->shadow = take_shadow(r.bytes);
+    std::size_t mapped = 0;
+    try {
+      for (; mapped < m->pages.size(); ++mapped) port.map(m->shadow + mapped * gran, gran, m->pages[mapped], 0);
+      port.set_access(m->shadow, r.bytes);
+      start_copy(r, *m, h2d);
+    } catch (...) {
+      for (std::size_t i = 0; i < mapped; ++i) port.unmap(m->shadow + i * gran, gran);
+      source.give_pages(m->pages);
+      spare_shadows.emplace(r.bytes, m->shadow);
+      spare_events.insert(spare_events.end(), m->fences.begin(), m->fences.end());
+      throw;
+    }
+    r.mv = std::move(m);
+    r.state = region_residency::moving_in;
+    ++moves;
+    return true;
+  }
+
+  // The move's copy has completed: remap under the gate, or abandon (Note [Remap under the gate]).
+  void finish(swap_region& r) {
+    std::unique_ptr<move> m = std::move(r.mv);
+    --moves;
+    spare_events.insert(spare_events.end(), m->fences.begin(), m->fences.end());
+    spare_events.push_back(m->done);
+    const bool remap = !m->cancelled && r.live && gate::try_begin_remap(r.id, m->snapshot);
+    if (!remap) {
+      ++(m->cancelled || !r.live ? st.cancelled : st.abandoned);
+      if (m->to_device) {
+        unmap_pages(m->shadow, m->pages.size());
+        source.give_pages(m->pages);
+        r.state = region_residency::host;
+      } else {
+        port.unmap(m->shadow, r.bytes);
+        r.state = region_residency::device;
+      }
+      spare_shadows.emplace(r.bytes, m->shadow);
+      return;
+    }
+    struct end_guard {
+      region_id id;
+      ~end_guard() { gate::end_remap(id); }
+    } guard{r.id};
+    if (options.remap_hook) options.remap_hook(r.id);
+    if (m->to_device) {
+      port.unmap(r.va, r.bytes);  // the host mapping: one map() call
+      map_pages(r.va, m->pages);
+      *r.pages = std::move(m->pages);
+      unmap_pages(m->shadow, r.npages);
+      r.state = region_residency::device;
+      gate::set_on_host(r.id, false);
+      st.bytes_h2d += static_cast<std::int64_t>(r.bytes);
+      ++st.prefetches;
+    } else {
+      unmap_pages(r.va, r.npages);
+      port.map(r.va, r.bytes, r.host, 0);
+      port.set_access(r.va, r.bytes);
+      port.unmap(m->shadow, r.bytes);
+      source.give_pages(*r.pages);
+      r.pages->clear();
+      r.state = region_residency::host;
+      gate::set_on_host(r.id, true);
+      r.evicted_seq = gate::sequence(r.id);
+      st.bytes_d2h += static_cast<std::int64_t>(r.bytes);
+      ++st.evictions;
+      if (m->sync) ++st.stall_evictions;
+    }
+    spare_shadows.emplace(r.bytes, m->shadow);
+  }
+
+  void settle(swap_region& r) {
+    if (!r.mv) return;
+    port.wait(r.mv->done);
+    finish(r);
+  }
+
+  void poll_moves() {
+    if (moves == 0) return;
+    for (auto& [id, r] : regions) {
+      if (r->mv && port.query(r->mv->done)) finish(*r);
+    }
+  }
+
+  // Victim order: farthest next use first (absent from the forecast = farthest), then least recently used.
+  [[nodiscard]] static bool farther(const swap_region& a, std::uint64_t a_last, const swap_region& b,
+                                    std::uint64_t b_last) noexcept {
+    if (a.rank != b.rank) return a.rank > b.rank;
+    return a_last < b_last;
+  }
+
+  swap_region* pick_victim(const std::unordered_set<region_id>* wanted, std::uint64_t nearer_than) {
+    swap_region* best = nullptr;
+    std::uint64_t best_last = 0;
+    for (auto& [id, r] : regions) {
+      if (!r->live || r->pinned || r->mv || r->state != region_residency::device) continue;
+      if (wanted && wanted->contains(id)) continue;
+      if (nearer_than != k_far && r->rank != k_far && r->rank <= nearer_than) continue;
+      const std::uint64_t last = gate::last_use(id);
+      if (!best || farther(*r, last, *best, best_last)) best = r.get(), best_last = last;
+    }
+    return best;
+  }
+
+  [[nodiscard]] std::size_t free_pages() const {
+    const std::size_t budget = source.budget();
+    const std::size_t held = source.held_bytes();
+    return (source.pooled_bytes() + (budget > held ? budget - held : 0)) / gran;
+  }
+
+  void apply_forecast(const forecast* f) {
+    for (auto& [id, r] : regions) r->rank = k_far;
+    if (!f) return;
+    for (std::size_t i = 0; i < f->upcoming.size(); ++i) {
+      auto it = regions.find(f->upcoming[i].region);
+      if (it == regions.end()) continue;
+      it->second->rank = i;
+      it->second->group = f->upcoming[i].group;
+    }
+    if (options.pin.any() && f->generation != pin_generation) update_pins(*f);
+  }
+
+  // LAYERSWAP_PIN: groups in step order (position of their next use within the step).
+  void update_pins(const forecast& f) {
+    pin_generation = f.generation;
+    for (auto& [id, r] : regions) r->pinned = false;
+    struct grp {
+      std::uint64_t at;
+      std::uint32_t group;
+      std::vector<region_id> members;
+      std::size_t bytes = 0;
+    };
+    std::vector<grp> groups;
+    std::unordered_map<std::uint64_t, std::size_t> index;  // group key -> groups[]
+    for (const forecast_entry& e : f.upcoming) {
+      auto it = regions.find(e.region);
+      if (it == regions.end()) continue;
+      const std::uint64_t key = e.group ? e.group : (std::uint64_t{1} << 32) | e.region;
+      const std::uint64_t at = f.step_launches ? (f.position + e.distance) % f.step_launches : e.distance;
+      auto [slot, fresh] = index.emplace(key, groups.size());
+      if (fresh) groups.push_back({at, e.group, {}, 0});
+      grp& g = groups[slot->second];
+      g.at = std::min(g.at, at);
+      g.members.push_back(e.region);
+      g.bytes += it->second->bytes;
+    }
+    std::sort(groups.begin(), groups.end(), [](const grp& a, const grp& b) { return a.at < b.at; });
+    auto pin = [&](const grp& g) {
+      for (region_id id : g.members) regions.at(id)->pinned = true;
+    };
+    for (std::size_t i = 0; i < groups.size() && i < options.pin.first; ++i) pin(groups[i]);
+    for (std::size_t i = 0; i < groups.size() && i < options.pin.last; ++i) pin(groups[groups.size() - 1 - i]);
+    std::size_t pinned_bytes = 0;
+    for (std::size_t i = 0; i < groups.size() && pinned_bytes + groups[i].bytes <= options.pin.bytes; ++i) {
+      pin(groups[i]);
+      pinned_bytes += groups[i].bytes;
+    }
+  }
+
+  void policy(const forecast* f) {
+    const std::size_t budget = source.budget();
+    if (budget == 0) return;
+    apply_forecast(f);
+    if (f) {
+      policy_forecast(*f, budget);
+    } else {
+      policy_demand();
+    }
+  }
+
+  void policy_forecast(const forecast& f, std::size_t budget) {
+    // Transient usage: device bytes held that are not forecast regions (Note [Policy]).
+    std::size_t forecast_resident = 0;
+    for (auto& [id, r] : regions) {
+      if (r->rank != k_far && (r->state == region_residency::device || r->state == region_residency::moving_out)) {
+        forecast_resident += r->bytes;
+      }
+      if (r->mv && r->mv->to_device && r->rank != k_far) forecast_resident += r->bytes;
+    }
+    const std::size_t held = source.held_bytes() - std::min(source.held_bytes(), source.pooled_bytes());
+    const std::size_t transient = held - std::min(held, forecast_resident);
+    max_transient = std::max(max_transient, transient);
+    const std::size_t capacity = budget > max_transient ? budget - max_transient : 0;
+
+    // The wanted set: the forecast from the front, whole groups, within capacity and LAYERSWAP_PREFETCH.
+    std::unordered_set<region_id> wanted;
+    std::vector<swap_region*> order;
+    std::size_t bytes = 0;
+    const std::size_t limit = options.prefetch ? options.prefetch : k_far;
+    for (std::size_t i = 0; i < f.upcoming.size() && order.size() < limit; ++i) {
+      // Entry i with the rest of its group (a region without a group stands alone); members already wanted
+      // (an earlier entry of the same group) are skipped.
+      const std::uint32_t g = f.upcoming[i].group;
+      std::vector<swap_region*> run;
+      auto add = [&](const forecast_entry& e) {
+        auto it = regions.find(e.region);
+        if (it == regions.end() || !it->second->live || wanted.contains(e.region)) return;
+        if (std::find(run.begin(), run.end(), it->second.get()) == run.end()) run.push_back(it->second.get());
+      };
+      add(f.upcoming[i]);
+      if (g != 0) {
+        for (std::size_t k = i + 1; k < f.upcoming.size(); ++k) {
+          if (f.upcoming[k].group == g) add(f.upcoming[k]);
+        }
+      }
+      std::size_t run_bytes = 0;
+      for (swap_region* r : run) run_bytes += r->bytes;
+      if (bytes + run_bytes > capacity) break;
+      bytes += run_bytes;
+      for (swap_region* r : run) {
+        wanted.insert(r->id);
+        order.push_back(r);
+      }
+    }
+
+    std::size_t pages = free_pages();
+    std::size_t evicting = 0;  // pages that evictions in flight will free
+    for (auto& [id, r] : regions) {
+      if (r->mv && !r->mv->to_device) evicting += r->npages;
+    }
+    for (swap_region* r : order) {
+      if (r->state != region_residency::host || r->mv) continue;
+      if (pages >= r->npages) {
+        if (start_prefetch(*r)) pages -= r->npages;
+        continue;
+      }
+      if (evicting >= r->npages) break;  // room is on its way
+      swap_region* victim = pick_victim(&wanted, r->rank);
+      if (!victim) break;
+      if (start_evict(*victim, false)) evicting += victim->npages;
+      break;  // one region at a time: the next round sees the pages
+    }
+  }
+
+  // Without a forecast: bring back regions touched since their eviction, LRU (Note [Policy]).
+  void policy_demand() {
+    std::size_t pages = free_pages();
+    for (auto& [id, r] : regions) {
+      if (!r->live || r->mv || r->state != region_residency::host) continue;
+      if (gate::sequence(id) == r->evicted_seq) continue;  // not touched on host
+      if (pages >= r->npages) {
+        if (start_prefetch(*r)) pages -= r->npages;
+        continue;
+      }
+      swap_region* victim = pick_victim(nullptr, k_far);
+      if (victim && gate::last_use(victim->id) < gate::last_use(id)) start_evict(*victim, false);
+      break;
+    }
+  }
+};
+
+residency_engine::residency_engine(driver& port, std::mutex& mutex, page_source& source, residency_options options)
+    : impl_(std::make_unique<impl>(port, mutex, source, std::move(options))) {
+  impl_->d2h = port.create_stream();
+  impl_->h2d = port.create_stream();
+}
+
+residency_engine::~residency_engine() {
+  stop();
+  impl& m = *impl_;
+  try {
+    for (auto& [va, bytes] : m.shadows) m.port.unreserve(va, bytes);
+    for (auto& [bytes, h] : m.spare_host) m.port.release(h);
+    for (event_handle e : m.spare_events) m.port.destroy_event(e);
+    m.port.destroy_stream(m.d2h);
+    m.port.destroy_stream(m.h2d);
+  } catch (const std::exception& e) {
+    LAYERSWAP_LOG(warn, "residency engine shutdown failed: %s", e.what());
+  }
+}
+
+void residency_engine::start() {
+  impl& m = *impl_;
+  if (!m.options.thread || m.thread.joinable()) return;
+  m.stopping = false;
+  gate::set_counting(true);  // the tracker counts launches that found a region on the host (the hit rate)
+  m.thread = std::thread([this] {
+    impl& e = *impl_;
+    std::unique_lock lock(e.wake_mutex);
+    while (!e.stopping) {
+      e.wake_cv.wait_for(lock, e.options.period, [&] { return e.stopping || e.woken; });
+      if (e.stopping) break;
+      e.woken = false;
+      lock.unlock();
+      try {
+        tick();
+      } catch (const std::exception& ex) {
+        if (!e.error_logged) {  // once: the engine keeps going, the next round may succeed
+          e.error_logged = true;
+          LAYERSWAP_LOG(warn, "residency engine: %s (further errors are not logged)", ex.what());
+        }
+      }
+      lock.lock();
+    }
+  });
+}
+
+void residency_engine::stop() noexcept {
+  impl& m = *impl_;
+  {
+    std::lock_guard lock(m.wake_mutex);
+    m.stopping = true;
+  }
+  m.wake_cv.notify_all();
+  if (m.thread.joinable()) m.thread.join();
+}
+
+void residency_engine::wake() noexcept {
+  {
+    std::lock_guard lock(impl_->wake_mutex);
+    impl_->woken = true;
+  }
+  impl_->wake_cv.notify_all();
+}
+
+void residency_engine::set_forecast_source(forecast_source* source) noexcept {
+  // Under tick_mutex: once this returns, no round still uses the previous source (it may be destroyed).
+  std::lock_guard lock(impl_->tick_mutex);
+  impl_->forecaster.store(source);
+}
+
+void residency_engine::tick() {
+  impl& m = *impl_;
+  std::lock_guard tick_lock(m.tick_mutex);
+  // The forecast is fetched without the allocator mutex: the learner may take its own locks (and call into the
+  // allocator), so the order is learner -> allocator, never the reverse.
+  const forecast* f = nullptr;
+  if (forecast_source* src = m.forecaster.load(); src && m.active()) {
+    m.fc.upcoming.clear();
+    src->current(m.fc, 4096);
+    if (m.fc.learned) f = &m.fc;
+  }
+  std::lock_guard lock(m.mutex);
+  m.poll_moves();
+  m.source.maintain();
+  if (m.active()) m.policy(f);
+}
+
+void residency_engine::set_streams_locked(std::span<const stream_handle> streams) {
+  impl_->streams.assign(1, nullptr);
+  for (stream_handle s : streams) note_stream_locked(s);
+}
+
+void residency_engine::note_stream_locked(stream_handle stream) {
+  auto& v = impl_->streams;
+  if (std::find(v.begin(), v.end(), stream) == v.end()) v.push_back(stream);
+}
+
+swap_region* residency_engine::add_locked(region_id id, device_ptr va, std::size_t bytes,
+                                          std::vector<phys_handle>* pages) {
+  auto r = std::make_unique<swap_region>();
+  r->id = id;
+  r->va = va;
+  r->bytes = bytes;
+  r->npages = bytes / impl_->gran;
+  r->pages = pages;
+  swap_region* out = r.get();
+  impl_->regions[id] = std::move(r);
+  return out;
+}
+
+void residency_engine::set_live_locked(swap_region* r, bool live) {
+  r->live = live;
+  if (!live && r->mv) r->mv->cancelled = true;  // Note [Freeing a moved region]
+}
+
+bool residency_engine::host_backed_locked(const swap_region* r) const noexcept {
+  return r->state == region_residency::host || r->state == region_residency::moving_in;
+}
+
+bool residency_engine::moving_locked(const swap_region* r) const noexcept { return r->mv != nullptr; }
+
+void residency_engine::settle_locked(swap_region* r) { impl_->settle(*r); }
+
+bool residency_engine::remove_locked(swap_region* r) {
+  impl& m = *impl_;
+  m.settle(*r);
+  const bool host_mapped = r->state == region_residency::host;
+  if (host_mapped) m.port.unmap(r->va, r->bytes);
+  gate::set_on_host(r->id, false);
+  if (r->host) m.spare_host.emplace(r->bytes, r->host);
+  m.regions.erase(r->id);
+  return host_mapped;
+}
+
+bool residency_engine::evict_sync_locked() {
+  impl& m = *impl_;
+  if (!m.active()) return false;  // Note [No tracker]
+  for (auto& [id, r] : m.regions) m.settle(*r);
+  // Victims refused by the gate are skipped for this call; each attempt either evicts or skips one region.
+  std::unordered_set<region_id> refused;
+  for (;;) {
+    swap_region* victim = m.pick_victim(&refused, k_far);
+    if (!victim) return false;
+    const std::int64_t before = m.st.evictions;
+    if (!m.start_evict(*victim, true)) {
+      refused.insert(victim->id);
+      continue;
+    }
+    for (event_handle e : victim->mv->fences) m.port.wait(e);
+    m.settle(*victim);
+    if (m.st.evictions != before) return true;
+    refused.insert(victim->id);
+  }
+}
+
+bool residency_engine::request_locked(swap_region* r, bool to_device) {
+  if (!impl_->active()) return false;  // Note [No tracker]
+  return to_device ? impl_->start_prefetch(*r) : impl_->start_evict(*r, false);
+}
+
+std::size_t residency_engine::evictable_pages_locked() const noexcept {
+  if (!impl_->active()) return 0;
+  std::size_t n = 0;
+  for (const auto& [id, r] : impl_->regions) {
+    if (r->live && !r->pinned && r->state != region_residency::host && r->state != region_residency::moving_in) {
+      n += r->npages;
+    }
+  }
+  return n;
+}
+
+std::size_t residency_engine::inflight_pages_locked() const noexcept {
+  std::size_t n = 0;
+  for (const auto& [id, r] : impl_->regions) {
+    if (r->mv && r->mv->to_device) n += r->mv->pages.size();
+  }
+  return n;
+}
+
+region_residency residency_engine::state_locked(const swap_region* r) const noexcept { return r->state; }
+
+residency_stats residency_engine::stats_locked() const {
+  const impl& m = *impl_;
+  residency_stats s = m.st;
+  s.host_bytes = static_cast<std::int64_t>(m.host_bytes);
+  s.moves_in_flight = static_cast<std::int64_t>(m.moves);
+  s.active = m.active();
+  const gate::launch_counts counts = gate::counts();
+  s.launches_counted = counts.launches;
+  s.launches_missed = counts.missed;
+  for (const auto& [id, r] : m.regions) {
+    if (!r->live) continue;
+    ++s.regions_swappable;
+    if (r->state == region_residency::device || r->state == region_residency::moving_out) ++s.regions_resident;
+    else ++s.regions_on_host;
+  }
+  return s;
+}
+
+std::string residency_engine::verify_locked() const {
+  const impl& m = *impl_;
+  std::size_t moves = 0;
+  std::size_t backing = 0;
+  for (const auto& [id, r] : m.regions) {
+    const std::string name = "region " + std::to_string(id) + ": ";
+    if (r->id != id || r->npages * m.gran != r->bytes) return name + "record is corrupt";
+    if (r->host) backing += r->bytes;
+    switch (r->state) {
+      case region_residency::device:
+        if (r->mv || r->pages->size() != r->npages) return name + "resident without its device pages, or moving";
+        break;
+      case region_residency::host:
+        if (r->mv || !r->pages->empty() || !r->host) return name + "on host but holds device pages or no host pages";
+        break;
+      case region_residency::moving_out:
+        if (!r->mv || r->mv->to_device || r->pages->size() != r->npages || !r->host) {
+          return name + "moving out without a move, its device pages or host pages";
+        }
+        break;
+      case region_residency::moving_in:
+        if (!r->mv || !r->mv->to_device || !r->pages->empty() || r->mv->pages.size() != r->npages || !r->host) {
+          return name + "moving in without a move, its new pages or its host pages";
+        }
+        break;
+      case region_residency::none:
+        return name + "has no state";
+    }
+    if (r->mv) ++moves;
+  }
+  if (moves != m.moves) return "the count of moves in flight is wrong";
+  for (const auto& [bytes, h] : m.spare_host) backing += bytes;
+  if (backing != m.host_bytes) return "host bytes do not add up";
+  if (m.options.host_limit && m.host_bytes > m.options.host_limit) return "LAYERSWAP_HOST_LIMIT was exceeded";
+  return {};
+}
+
+void residency_engine::settle_all_locked() {
+  for (auto& [id, r] : impl_->regions) impl_->settle(*r);
+}
+
+}  // namespace layerswap::detail

@@ -1,0 +1,141 @@
+// The residency engine: moves swappable regions (large live segments of the caching allocator) between device
+// pages and host-located pages, and the policy that decides which to move, from the learner's forecast. See
+// residency.cpp for the algorithm and its notes. The allocator owns the engine and calls it with its own mutex
+// held (the *_locked methods); the engine's migration thread takes that same mutex, so there is one lock.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "allocator/forecast.hpp"
+#include "allocator/region_map.hpp"
+#include "runtime/driver.hpp"
+
+namespace layerswap {
+
+// LAYERSWAP_PIN: regions kept on the device, never evicted. Groups count in the order of their first use in a
+// step (the learner's forecast): `first` groups from the start of the step, `last` from its end; or `bytes`
+// worth of groups from the start of the step. All zero: nothing pinned.
+struct pin_setting {
+  std::uint32_t first = 0;
+  std::uint32_t last = 0;
+  std::size_t bytes = 0;
+  [[nodiscard]] bool any() const noexcept { return first || last || bytes; }
+};
+
+struct residency_options {
+  // Run the engine at all (the migration thread starts only when a budget is set too).
+  bool enabled = false;
+  // Move regions even when no tracker feeds the residency gate (tests that play the tracker themselves).
+  // Without a fed gate the engine has no way to know a region is idle, so it moves nothing (Note [No tracker]).
+  bool without_tracker = false;
+  // Start the migration thread; tests may leave it off and call caching_allocator::residency_tick().
+  bool thread = true;
+  // LAYERSWAP_PREFETCH: regions of the forecast prefetched ahead (from the front); 0 = auto (budget-bound).
+  std::size_t prefetch = 0;
+  pin_setting pin;                                  // LAYERSWAP_PIN
+  std::size_t host_limit = 0;                       // LAYERSWAP_HOST_LIMIT: host bytes for backing; 0 = no cap
+  std::chrono::microseconds period{200};            // migration thread period
+  // Tests: called inside every remap (between try_begin_remap and end_remap), allocator mutex held.
+  std::function<void(region_id)> remap_hook;
+};
+
+struct residency_stats {
+  std::int64_t bytes_h2d = 0;          // bytes copied host -> device by completed prefetches
+  std::int64_t bytes_d2h = 0;          // bytes copied device -> host by completed evictions
+  std::int64_t evictions = 0;          // completed evictions (background and synchronous)
+  std::int64_t prefetches = 0;         // completed prefetches
+  std::int64_t abandoned = 0;          // moves abandoned because a launch touched the region meanwhile
+  std::int64_t cancelled = 0;          // moves cancelled because the region was freed
+  std::int64_t stall_evictions = 0;    // synchronous evictions on the allocation path (host waits)
+  std::int64_t writeback_skipped = 0;  // evictions that skipped the copy (clean region); 0 until a checksum exists
+  std::int64_t host_bytes = 0;         // host-located bytes in existence (backing + pooled)
+  std::int64_t regions_swappable = 0;  // live large regions known to the engine
+  std::int64_t regions_resident = 0;   // ... of which backed by device pages (resident or moving out)
+  std::int64_t regions_on_host = 0;    // ... of which backed by host pages (on host or moving in)
+  std::int64_t moves_in_flight = 0;
+  std::uint64_t launches_counted = 0;  // launches with regions issued while the engine ran (process-wide)
+  std::uint64_t launches_missed = 0;   // ... of which touched a region backed by host pages
+  bool active = false;                 // whether the engine moves regions (a fed gate or without_tracker)
+};
+
+enum class region_residency : std::uint8_t { none, device, host, moving_in, moving_out };
+
+namespace detail {
+
+// What the engine needs from the allocator. Called with the allocator mutex held.
+class page_source {
+ public:
+  virtual ~page_source() = default;
+  // `n` device pages within the budget (pooled ones first), all or none; never reclaims or evicts.
+  virtual bool take_pages(std::size_t n, std::vector<phys_handle>& out) = 0;
+  // Unmapped pages with no pending work, back to the allocator's pool (still counted as held).
+  virtual void give_pages(std::vector<phys_handle>& pages) = 0;
+  [[nodiscard]] virtual std::size_t budget() const = 0;
+  [[nodiscard]] virtual std::size_t held_bytes() const = 0;    // device bytes held (mapped + pooled + in moves)
+  [[nodiscard]] virtual std::size_t pooled_bytes() const = 0;  // unmapped pooled pages
+  // Housekeeping the allocator does from the migration thread (retiring freed host-backed segments).
+  virtual void maintain() = 0;
+};
+
+struct swap_region;
+
+class residency_engine {
+ public:
+  residency_engine(driver& port, std::mutex& mutex, page_source& source, residency_options options);
+  ~residency_engine();  // stop() first, and remove every region
+  residency_engine(const residency_engine&) = delete;
+  residency_engine& operator=(const residency_engine&) = delete;
+
+  void start();           // the migration thread (no-op when options.thread is false or already running)
+  void stop() noexcept;   // joins it; takes the mutex inside, so call it without the mutex held
+
+  // One round of the migration thread: completes finished moves, then runs the policy. Takes the mutex.
+  void tick();
+  void wake() noexcept;
+
+  void set_forecast_source(forecast_source* source) noexcept;
+
+  // ---- with the allocator mutex held ----
+  void set_streams_locked(std::span<const stream_handle> streams);
+  void note_stream_locked(stream_handle stream);
+  // A large segment was created: `pages` is the segment's device page vector (the engine swaps its contents).
+  swap_region* add_locked(region_id id, device_ptr va, std::size_t bytes, std::vector<phys_handle>* pages);
+  void set_live_locked(swap_region* r, bool live);
+  // Whether the region is backed by host pages now (on host, or moving in).
+  [[nodiscard]] bool host_backed_locked(const swap_region* r) const noexcept;
+  [[nodiscard]] bool moving_locked(const swap_region* r) const noexcept;
+  // Waits for the region's move (host wait) and completes it.
+  void settle_locked(swap_region* r);
+  // The segment is being destroyed (no pending work touches it): settles, unmaps a host mapping of its VA
+  // (returns true then; otherwise the caller unmaps the device pages) and forgets the region.
+  bool remove_locked(swap_region* r);
+  // Allocation under pressure (Note [Allocation under pressure]): evicts one region synchronously. False when
+  // nothing is left to evict.
+  bool evict_sync_locked();
+  // Starts an eviction (or a prefetch) of `r` now; false when it cannot start.
+  bool request_locked(swap_region* r, bool to_device);
+  // Device pages an evict_sync_locked() loop could free.
+  [[nodiscard]] std::size_t evictable_pages_locked() const noexcept;
+  [[nodiscard]] std::size_t inflight_pages_locked() const noexcept;  // taken by prefetches in flight
+  [[nodiscard]] region_residency state_locked(const swap_region* r) const noexcept;
+  [[nodiscard]] residency_stats stats_locked() const;
+  // Checks the engine's invariants; returns "" or the first violation.
+  [[nodiscard]] std::string verify_locked() const;
+  // Settles every move (destructor of the allocator).
+  void settle_all_locked();
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace detail
+}  // namespace layerswap

@@ -1,0 +1,136 @@
+// The residency gate (allocator/residency_gate.hpp): per-region counters shared by the launch tracker and the
+// residency engine.
+//
+// Note [Gate handshake]
+//   enter() increments `issuing`, then waits while `remapping` is set. try_begin_remap() sets `remapping`, then
+//   reads `issuing` and `sequence`. Both sides use sequentially consistent operations, so in the single total
+//   order at least one of them sees the other's write: either the engine sees issuing != 0 (and gives up,
+//   clearing `remapping`), or the launcher sees remapping == 1 (and waits for end_remap()). exit() bumps
+//   `sequence` before it decrements `issuing`, so an engine that sees issuing == 0 after a launch also sees
+//   that launch's sequence bump and fails the `expected` comparison.
+//
+// Table: region ids are small and dense (region_map::next_region_id()), so the state lives in chunks of
+// k_chunk entries reached through a fixed array of chunk pointers (k_max_chunks of them). A chunk is created
+// by prepare() and never freed (a few hundred KiB for millions of regions), so the hot path is two loads.
+#include "allocator/residency_gate.hpp"
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+namespace layerswap::residency_gate {
+namespace {
+
+constexpr std::size_t k_chunk_shift = 12;
+constexpr std::size_t k_chunk = std::size_t{1} << k_chunk_shift;  // entries per chunk
+constexpr std::size_t k_max_chunks = std::size_t{1} << 16;         // 2^28 regions
+
+struct entry {
+  std::atomic<std::uint32_t> issuing{0};
+  std::atomic<std::uint32_t> remapping{0};
+  std::atomic<std::uint64_t> sequence{0};
+  std::atomic<std::uint64_t> last_use{0};
+  std::atomic<std::uint8_t> on_host{0};  // the VA is backed by host pages (hit rate only)
+};
+
+struct chunk {
+  entry entries[k_chunk];
+};
+
+std::atomic<chunk*> g_chunks[k_max_chunks];
+std::mutex g_prepare_mutex;
+std::atomic<bool> g_fed{false};
+std::atomic<bool> g_counting{false};
+std::atomic<std::uint64_t> g_counted{0};
+std::atomic<std::uint64_t> g_missed{0};
+
+entry* find(region_id id) noexcept {
+  const std::size_t c = id >> k_chunk_shift;
+  if (id == 0 || c >= k_max_chunks) return nullptr;
+  chunk* ch = g_chunks[c].load(std::memory_order_acquire);
+  return ch ? &ch->entries[id & (k_chunk - 1)] : nullptr;
+}
+
+}  // namespace
+
+void prepare(region_id id) {
+  const std::size_t c = id >> k_chunk_shift;
+  if (id == 0 || c >= k_max_chunks) return;
+  if (g_chunks[c].load(std::memory_order_acquire)) return;
+  std::lock_guard lock(g_prepare_mutex);
+  if (g_chunks[c].load(std::memory_order_relaxed)) return;
+  g_chunks[c].store(new chunk(), std::memory_order_release);  // never freed (see the file comment)
+}
+
+void enter(region_id id) noexcept {
+  entry* e = find(id);
+  if (!e) return;
+  e->issuing.fetch_add(1);  // seq_cst: Note [Gate handshake]
+  for (unsigned spins = 0; e->remapping.load() != 0; ++spins) {
+    if (spins >= 64) std::this_thread::yield();
+  }
+}
+
+void exit(region_id id, std::uint64_t launch_no) noexcept {
+  entry* e = find(id);
+  if (!e) return;
+  e->sequence.fetch_add(1);
+  e->last_use.store(launch_no);
+  e->issuing.fetch_sub(1);
+}
+
+void set_fed(bool fed) noexcept { g_fed.store(fed); }
+bool fed() noexcept { return g_fed.load(); }
+
+std::uint64_t sequence(region_id id) noexcept {
+  const entry* e = find(id);
+  return e ? e->sequence.load() : 0;
+}
+
+std::uint64_t last_use(region_id id) noexcept {
+  const entry* e = find(id);
+  return e ? e->last_use.load() : 0;
+}
+
+std::uint32_t issuing(region_id id) noexcept {
+  const entry* e = find(id);
+  return e ? e->issuing.load() : 0;
+}
+
+bool try_begin_remap(region_id id, std::uint64_t expected) noexcept {
+  entry* e = find(id);
+  if (!e) return false;  // never prepared: no way to exclude launches
+  e->remapping.store(1);
+  if (e->issuing.load() != 0 || e->sequence.load() != expected) {
+    e->remapping.store(0);
+    return false;
+  }
+  return true;
+}
+
+void end_remap(region_id id) noexcept {
+  if (entry* e = find(id)) e->remapping.store(0);
+}
+
+void set_on_host(region_id id, bool host) noexcept {
+  if (entry* e = find(id)) e->on_host.store(host ? 1 : 0, std::memory_order_relaxed);
+}
+
+bool on_host(region_id id) noexcept {
+  const entry* e = find(id);
+  return e && e->on_host.load(std::memory_order_relaxed) != 0;
+}
+
+void set_counting(bool counting) noexcept { g_counting.store(counting, std::memory_order_relaxed); }
+bool counting() noexcept { return g_counting.load(std::memory_order_relaxed); }
+
+void count_launch(bool missed) noexcept {
+  g_counted.fetch_add(1, std::memory_order_relaxed);
+  if (missed) g_missed.fetch_add(1, std::memory_order_relaxed);
+}
+
+launch_counts counts() noexcept {
+  return {g_counted.load(std::memory_order_relaxed), g_missed.load(std::memory_order_relaxed)};
+}
+
+}  // namespace layerswap::residency_gate

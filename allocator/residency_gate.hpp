@@ -1,0 +1,74 @@
+// The residency gate: where the launch tracker (profiler/) and the residency engine (allocator/) meet, per
+// region, so that a region's backing pages never change under a launch that touches it (DESIGN.md,
+// invariants 3 and 4).
+//
+// The tracker calls enter() for every region a launch touches before the launch is handed to the driver
+// (the CUPTI API-enter callback, on the launching thread) and exit() for the same regions once it has been
+// enqueued (API exit). The engine, before it remaps a region, calls try_begin_remap() with the use sequence
+// it snapshotted when it started the copy: it succeeds only when no launch touching the region is being
+// issued and none was issued since the snapshot; launches that arrive during the remap wait in enter()
+// until end_remap(). Launches enqueued before the snapshot are the engine's to wait for (an event recorded
+// on their streams after the snapshot).
+//
+//   launching thread                         engine
+//   enter(r): issuing += 1                   snapshot s = sequence(r); record events; copy; wait
+//             while remapping: wait          try_begin_remap(r, s): remapping = 1;
+//   (launch enqueued)                             fails if issuing != 0 or sequence(r) != s
+//   exit(r):  sequence += 1, last_use = n    remap; end_remap(r): remapping = 0
+//             issuing -= 1
+//
+// The per-region state lives in a table indexed by region id: fixed-size chunks reached through one
+// pointer array, created by prepare() off the hot path (when the allocator creates a region). enter() and
+// exit() on an id whose chunk does not exist do nothing. Every function is noexcept and lock-free except
+// enter()'s wait, which spins (then yields) only while that region is being remapped (tens of µs).
+#pragma once
+
+#include <cstdint>
+
+#include "allocator/region_map.hpp"
+
+namespace layerswap::residency_gate {
+
+// Makes sure the table holds `id` (allocates a chunk the first time). Not for the hot path. Thread-safe.
+void prepare(region_id id);
+
+// ---- the tracker's side (hot path) ----
+// A launch that touches `id` is about to be enqueued: waits while `id` is being
+// remapped, then counts the launch as issuing.
+void enter(region_id id) noexcept;
+// The launch that entered `id` is enqueued: bumps the region's use sequence, stamps its last use.
+void exit(region_id id, std::uint64_t launch_no) noexcept;
+
+// Whether a tracker feeds the gate (set by the tracker when it starts and stops). Without one the engine
+// must not move regions that launches might touch: it has no way to know they are idle.
+void set_fed(bool fed) noexcept;
+[[nodiscard]] bool fed() noexcept;
+
+// ---- the engine's side ----
+// Launches enqueued so far that touched `id` (0 for an unknown id).
+[[nodiscard]] std::uint64_t sequence(region_id id) noexcept;
+// Launch number of the last enqueued launch that touched `id` (0 if none).
+[[nodiscard]] std::uint64_t last_use(region_id id) noexcept;
+// Launches touching `id` between enter() and exit() right now.
+[[nodiscard]] std::uint32_t issuing(region_id id) noexcept;
+// Starts a remap of `id` if no launch touching it is issuing and its sequence still equals `expected`;
+// otherwise changes nothing and returns false. A success must be followed by end_remap(id).
+[[nodiscard]] bool try_begin_remap(region_id id, std::uint64_t expected) noexcept;
+void end_remap(region_id id) noexcept;
+
+// ---- the hit rate (LAYERSWAP_STATS): launches whose regions were all on the device when they were issued ----
+// The engine marks the regions whose VA is backed by host pages, and turns counting on while it can move regions.
+void set_on_host(region_id id, bool on_host) noexcept;
+[[nodiscard]] bool on_host(region_id id) noexcept;
+void set_counting(bool counting) noexcept;
+[[nodiscard]] bool counting() noexcept;
+// The tracker, once per launch that touched at least one region, while counting(): `missed` when one of its
+// regions was on the host.
+void count_launch(bool missed) noexcept;
+struct launch_counts {
+  std::uint64_t launches = 0;  // launches with regions, counted while counting() was on
+  std::uint64_t missed = 0;    // ... of which touched a region backed by host pages
+};
+[[nodiscard]] launch_counts counts() noexcept;
+
+}  // namespace layerswap::residency_gate

@@ -1,0 +1,528 @@
+"""The models and the training loop of bench/swap.py: one definition shared by every side of the benchmark.
+
+Three cases, each built from a config with random weights, in bf16, from fixed seeds:
+
+  llama-lora  a Llama-style decoder (transformers' LlamaForCausalLM, SDPA attention; ~1.1 B parameters at the
+              default size: hidden 2048, 22 layers, MLP 5632, 32 heads, 4 KV heads, vocab 32000) with LoRA
+              adapters (peft, r=16 on q/k/v/o, no dropout) trained with AdamW. The base weights are frozen bf16;
+              peft keeps the adapters in fp32 (its default `autocast_adapter_dtype`), so their AdamW state is fp32.
+              AdamW(foreach=True): the adapters are small and one foreach update is what a user gets by default.
+  llama-full  the same model, every parameter trained with AdamW. The optimizer state is bf16, like the
+              parameters (what torch.optim.AdamW keeps for bf16 parameters): 2 x 2 bytes per parameter, so a
+              1.1 B model holds 2.2 GB of weights, 2.2 GB of gradients and 4.4 GB of state. AdamW(foreach=False):
+              the update walks the parameters one at a time (as DeepSpeed/OneTrainer-style offloaders do), so the
+              step needs one parameter's temporaries, not a full copy of the model's (foreach would).
+  unet        a UNet-style convolutional net written here (Conv2d + GroupNorm + SiLU residual blocks, strided-conv
+              downsampling, nearest upsampling, skip connections concatenated on the way up), ~300 M parameters,
+              trained fully with AdamW(foreach=False) on random latents and targets (MSE).
+
+Every side builds the model the same way, directly on the device it trains on, so that the initial weights
+are bit-identical everywhere (same seed, same sequence of RNG calls); the peers (bench/peers.py) move weights
+to the host afterwards. The data are drawn on the CPU from a generator of their own, before training: identical
+for every side and every step.
+
+`groups()` names the model's layer groups in forward order, with their bytes (weights, gradients, optimizer
+state): bench/swap.py feeds them to its Belady simulation and its budget rule.
+
+Nothing here imports layerswap: the layerswap side is this same code in a process whose environment turns
+layerswap on.
+"""
+
+import contextlib
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# cuBLAS reads its workspace size (and with it, its reduction order) when PyTorch creates the first cuBLAS
+# handle; ":4096:8" is one of the two settings PyTorch accepts as deterministic.
+CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
+
+CASES = ("llama-lora", "llama-full", "unet")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Determinism
+# ---------------------------------------------------------------------------------------------------------
+
+def make_deterministic(seed):
+    """Everything PyTorch needs for bit-identical reruns. CUBLAS_WORKSPACE_CONFIG must be in the environment
+    before the first cuBLAS handle exists: the parent sets it for every worker, and this sets it again."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.manual_seed(seed)
+
+
+def attention_backends():
+    """scaled_dot_product_attention restricted to FlashAttention (whose backward honours
+    use_deterministic_algorithms) and the math fallback, as in samples/train_transformer.py."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sizes
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LlamaSize:
+    hidden: int = 2048
+    layers: int = 22
+    intermediate: int = 5632
+    heads: int = 32
+    kv_heads: int = 4
+    vocab: int = 32000
+    lora_r: int = 16
+
+
+@dataclass(frozen=True)
+class UNetSize:
+    in_channels: int = 4
+    channels: tuple = (192, 384, 768, 1280)
+    blocks_per_level: int = 2
+    groups: int = 32
+    resolution: int = 64
+    batch: int = 8
+
+
+QUICK_LLAMA = LlamaSize(hidden=64, layers=4, intermediate=176, heads=4, kv_heads=2, vocab=512, lora_r=4)
+QUICK_UNET = UNetSize(in_channels=3, channels=(16, 32), blocks_per_level=1, groups=4, resolution=16, batch=2)
+
+
+@dataclass
+class RunConfig:
+    """What one worker trains. The same for every side of a case, except `side` and its options."""
+    case: str
+    device: str = "cuda"
+    quick: bool = False
+    steps: int = 30
+    warmup: int = 5
+    batch: int = 1
+    seq: int = 1024
+    seed: int = 0
+    lr: float = 1e-4
+    unet_batch: int = 0       # 0: the size's default
+    unet_resolution: int = 0  # 0: the size's default
+
+    def llama_size(self):
+        return QUICK_LLAMA if self.quick else LlamaSize()
+
+    def unet_size(self):
+        size = QUICK_UNET if self.quick else UNetSize()
+        if self.unet_batch or self.unet_resolution:
+            size = UNetSize(**{**asdict(size), "batch": self.unet_batch or size.batch,
+                               "resolution": self.unet_resolution or size.resolution})
+        return size
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Llama (transformers) + LoRA (peft)
+# ---------------------------------------------------------------------------------------------------------
+
+def llama_config(size, seq):
+    from transformers import LlamaConfig
+    return LlamaConfig(
+        vocab_size=size.vocab, hidden_size=size.hidden, intermediate_size=size.intermediate,
+        num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,
+        max_position_embeddings=max(2048, seq), rms_norm_eps=1e-5, tie_word_embeddings=False, use_cache=False,
+        attention_dropout=0.0, attn_implementation="sdpa")
+
+
+def build_llama(size, seq, device, seed, lora):
+    """LlamaForCausalLM with random bf16 weights created on `device` (wrapped by peft when `lora`)."""
+    from transformers import LlamaForCausalLM
+    cfg = llama_config(size, seq)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        try:
+            model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
+        except TypeError:  # transformers 4.x spells it torch_dtype
+            model = LlamaForCausalLM._from_config(cfg, torch_dtype=torch.bfloat16)
+    if next(model.parameters()).dtype != torch.bfloat16:
+        model = model.to(torch.bfloat16)
+    if model.config._attn_implementation != "sdpa":
+        raise RuntimeError(f"the Llama model uses attention {model.config._attn_implementation!r}, not sdpa")
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        torch.manual_seed(seed + 7)
+        lcfg = LoraConfig(r=size.lora_r, lora_alpha=2 * size.lora_r, lora_dropout=0.0, bias="none",
+                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+        model = get_peft_model(model, lcfg)
+    model.train()
+    return model
+
+
+def llama_base(model):
+    """The LlamaForCausalLM inside a peft wrapper (or the model itself)."""
+    if hasattr(model, "get_base_model"):
+        return model.get_base_model()
+    return model
+
+
+def llama_groups(model):
+    """[(name, [modules], bwd_reads)] in forward order: the embedding, each decoder layer, the final norm + head.
+    bwd_reads: whether backward reads the group's weights (an embedding's backward needs only the indices)."""
+    base = llama_base(model)
+    groups = [("embed", [base.model.embed_tokens], False)]
+    groups += [(f"layer.{i}", [layer], True) for i, layer in enumerate(base.model.layers)]
+    groups.append(("final", [base.model.norm, base.lm_head], True))
+    return groups
+
+
+def llama_blocks(model):
+    """The decoder layers, in order: what the block swapper and accelerate's offload work on."""
+    return list(llama_base(model).model.layers)
+
+
+def make_token_batches(vocab, batch, seq, count, seed):
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed + 1)
+    out = []
+    for _ in range(count):
+        tokens = torch.randint(0, vocab, (batch, seq + 1), generator=gen, dtype=torch.long)
+        out.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+    return out
+
+
+def llama_loss(model, batch, device):
+    inputs, targets = (t.to(device, non_blocking=False) for t in batch)
+    logits = model(input_ids=inputs, use_cache=False).logits
+    # (batch*seq, vocab) float32 logits: the 2-D form of cross_entropy, whose CUDA kernels are deterministic.
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# UNet
+# ---------------------------------------------------------------------------------------------------------
+
+class ResBlock(nn.Module):
+    """GroupNorm -> SiLU -> Conv3x3, twice, plus the input (through a 1x1 conv when the channels change)."""
+
+    def __init__(self, cin, cout, groups):
+        super().__init__()
+        self.norm1 = nn.GroupNorm(groups, cin)
+        self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
+        self.norm2 = nn.GroupNorm(groups, cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
+        self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x):
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(F.silu(self.norm2(h)))
+        return self.skip(x) + h
+
+
+class Downsample(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class Upsample(nn.Module):
+    """Nearest x2 then Conv3x3. The nearest step is an expand + reshape, whose backward is a plain sum (no
+    atomics), so it is deterministic on every device without relying on interpolate's backward."""
+
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, padding=1)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        x = x[:, :, :, None, :, None].expand(b, c, h, 2, w, 2).reshape(b, c, 2 * h, 2 * w)
+        return self.conv(x)
+
+
+class UNet(nn.Module):
+    """Down path: per level, `blocks_per_level` ResBlocks (the last one's output is kept as that level's skip),
+    then a strided conv (not after the last level). Middle: two ResBlocks. Up path, deepest level first: the
+    level's skip concatenated on the channels, `blocks_per_level` ResBlocks, then nearest upsampling + conv to
+    the next level's channels. Out: GroupNorm -> SiLU -> Conv3x3 to the input channels."""
+
+    def __init__(self, size):
+        super().__init__()
+        ch, g, n = size.channels, size.groups, size.blocks_per_level
+        self.stem = nn.Conv2d(size.in_channels, ch[0], 3, padding=1)
+        self.down = nn.ModuleList()
+        self.downsample = nn.ModuleList()
+        prev = ch[0]
+        for level, c in enumerate(ch):
+            self.down.append(nn.ModuleList(ResBlock(prev if i == 0 else c, c, g) for i in range(n)))
+            prev = c
+            self.downsample.append(Downsample(c) if level < len(ch) - 1 else nn.Identity())
+        self.mid = nn.ModuleList([ResBlock(prev, prev, g), ResBlock(prev, prev, g)])
+        self.up = nn.ModuleList()
+        self.upsample = nn.ModuleList()
+        for level in reversed(range(len(ch))):
+            c = ch[level]
+            self.up.append(nn.ModuleList(ResBlock(prev + c if i == 0 else c, c, g) for i in range(n)))
+            prev = c
+            self.upsample.append(Upsample(c, ch[level - 1]) if level > 0 else nn.Identity())
+            if level > 0:
+                prev = ch[level - 1]
+        self.out_norm = nn.GroupNorm(g, prev)
+        self.out_conv = nn.Conv2d(prev, size.in_channels, 3, padding=1)
+
+    def forward(self, x):
+        x = self.stem(x)
+        skips = []
+        for blocks, down in zip(self.down, self.downsample):
+            for block in blocks:
+                x = block(x)
+            skips.append(x)
+            x = down(x)
+        for block in self.mid:
+            x = block(x)
+        for blocks, up in zip(self.up, self.upsample):
+            x = torch.cat([x, skips.pop()], dim=1)
+            for block in blocks:
+                x = block(x)
+            x = up(x)
+        return self.out_conv(F.silu(self.out_norm(x)))
+
+
+def build_unet(size, device, seed):
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = UNet(size).to(torch.bfloat16)
+    model.train()
+    return model
+
+
+def unet_groups(model):
+    """Each conv/ResBlock module in forward order; the stem's backward does not read its weight (the input
+    needs no gradient)."""
+    groups = [("stem", [model.stem], False)]
+    for level, (blocks, down) in enumerate(zip(model.down, model.downsample)):
+        groups += [(f"down.{level}.{i}", [b], True) for i, b in enumerate(blocks)]
+        if isinstance(down, Downsample):
+            groups.append((f"downsample.{level}", [down], True))
+    groups += [(f"mid.{i}", [b], True) for i, b in enumerate(model.mid)]
+    for j, (blocks, up) in enumerate(zip(model.up, model.upsample)):
+        groups += [(f"up.{j}.{i}", [b], True) for i, b in enumerate(blocks)]
+        if isinstance(up, Upsample):
+            groups.append((f"upsample.{j}", [up], True))
+    groups.append(("out", [model.out_norm, model.out_conv], True))
+    return groups
+
+
+def make_image_batches(size, count, seed):
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed + 1)
+    shape = (size.batch, size.in_channels, size.resolution, size.resolution)
+    return [(torch.randn(shape, generator=gen).to(torch.bfloat16), torch.randn(shape, generator=gen).to(torch.bfloat16))
+            for _ in range(count)]
+
+
+def unet_loss(model, batch, device):
+    x, target = (t.to(device) for t in batch)
+    return F.mse_loss(model(x).float(), target.float())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One case, built
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Built:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    batches: list
+    loss: callable            # loss(model, batch, device) -> scalar tensor
+    groups: list              # [(name, [modules], bwd_reads)] in forward order
+    blocks: list = field(default_factory=list)  # the repeated blocks a block swapper would move (Llama layers)
+    describe: dict = field(default_factory=dict)
+    uses_sdpa: bool = False
+
+
+def build_case(cfg):
+    """The model, optimizer, data and loss of `cfg.case`, on `cfg.device`, from `cfg.seed`."""
+    device = torch.device(cfg.device)
+    if cfg.case in ("llama-lora", "llama-full"):
+        size = cfg.llama_size()
+        lora = cfg.case == "llama-lora"
+        model = build_llama(size, cfg.seq, device, cfg.seed, lora)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0 if lora else 0.01,
+                                foreach=lora)
+        batches = make_token_batches(size.vocab, cfg.batch, cfg.seq, cfg.steps, cfg.seed)
+        describe = {"arch": "LlamaForCausalLM (transformers, sdpa)", **asdict(size), "batch": cfg.batch,
+                    "seq": cfg.seq, "dtype": "bfloat16",
+                    "training": ("LoRA r=%d on q,k,v,o (peft; adapters fp32), AdamW foreach" % size.lora_r) if lora
+                    else "full fine-tune, AdamW (foreach=False, state bf16 like the parameters)"}
+        return Built(model, opt, batches, llama_loss, llama_groups(model), llama_blocks(model), describe,
+                     uses_sdpa=True)
+    if cfg.case == "unet":
+        size = cfg.unet_size()
+        model = build_unet(size, device, cfg.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.01, foreach=False)
+        batches = make_image_batches(size, cfg.steps, cfg.seed)
+        describe = {"arch": "UNet (Conv2d+GroupNorm+SiLU ResBlocks, skip concatenation)", **asdict(size),
+                    "dtype": "bfloat16", "training": "full, AdamW (foreach=False, state bf16), MSE on random targets"}
+        return Built(model, opt, batches, unet_loss, unet_groups(model), [], describe)
+    raise ValueError(f"unknown case {cfg.case!r}; the cases are {', '.join(CASES)}")
+
+
+def tensor_bytes(t):
+    return t.numel() * t.element_size()
+
+
+def group_accounting(built):
+    """Per group, in forward order: {"name", "frozen_bytes", "trainable_bytes", "grad_bytes", "state_bytes",
+    "bwd_reads"}. Gradient bytes are those of the trainable parameters (same dtype); state bytes are the tensors
+    the optimizer holds for them (call after at least one step; AdamW's CPU `step` counters are not counted).
+    Parameters in no named group go to a last group "other"."""
+    opt_state = built.optimizer.state
+    seen = set()
+    rows = []
+
+    def add(name, params, bwd_reads):
+        row = {"name": name, "frozen_bytes": 0, "trainable_bytes": 0, "grad_bytes": 0, "state_bytes": 0,
+               "params": 0, "bwd_reads": bwd_reads}
+        for p in params:
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            row["params"] += p.numel()
+            if p.requires_grad:
+                row["trainable_bytes"] += tensor_bytes(p)
+                row["grad_bytes"] += tensor_bytes(p)
+                for key, value in opt_state.get(p, {}).items():
+                    if key != "step" and torch.is_tensor(value):
+                        row["state_bytes"] += tensor_bytes(value)
+            else:
+                row["frozen_bytes"] += tensor_bytes(p)
+        rows.append(row)
+
+    for name, modules, bwd_reads in built.groups:
+        add(name, [p for m in modules for p in m.parameters()], bwd_reads)
+    rest = [p for p in built.model.parameters() if id(p) not in seen]
+    if rest:
+        add("other", rest, True)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The transient memory of a step
+# ---------------------------------------------------------------------------------------------------------
+
+class TransientMeter:
+    """The peak device memory that is neither parameters, gradients nor optimizer state: activations, workspaces
+    and temporaries, the memory that cannot move (CUDA only).
+
+    max_memory_allocated minus every movable byte undercounts it when the peak comes before the gradients exist
+    (full fine-tuning: the activations peak at the start of backward, when few gradients are allocated). So the
+    step is cut into intervals at each gradient's arrival (a post-accumulate-grad hook on every trainable
+    parameter): for each interval, its peak allocated minus the movable bytes allocated at its end (parameters,
+    optimizer state, the gradients arrived so far) is a lower bound of the transient at that peak, off by at most
+    one gradient. The last interval is the optimizer step. The meter resets torch's peak counter at each cut;
+    `peak_allocated` keeps the overall peak. Used during the warm-up steps of the resident run only, then removed:
+    its hooks cost a little time.
+    """
+
+    def __init__(self, model, optimizer, device, peak=None, reset=None):
+        self.device = torch.device(device)
+        # The allocator's counters; the self-test passes stand-ins to check the accounting on a CPU.
+        self.peak = peak or (lambda: torch.cuda.max_memory_allocated(self.device))
+        self.reset = reset or (lambda: torch.cuda.reset_peak_memory_stats(self.device))
+        self.optimizer = optimizer
+        self.param_bytes = sum(tensor_bytes(p) for p in model.parameters())
+        self.peak_transient = 0
+        self.peak_allocated = 0
+        self.grad_bytes = 0
+        self.state_bytes = 0
+        self.handles = [p.register_post_accumulate_grad_hook(self._on_grad)
+                        for p in model.parameters() if p.requires_grad]
+
+    def _state_bytes(self):
+        return sum(tensor_bytes(v) for st in self.optimizer.state.values() for k, v in st.items()
+                   if k != "step" and torch.is_tensor(v))
+
+    def _cut(self, movable):
+        peak = self.peak()
+        self.peak_allocated = max(self.peak_allocated, peak)
+        self.peak_transient = max(self.peak_transient, peak - movable)
+        self.reset()
+
+    def _on_grad(self, p):
+        self.grad_bytes += tensor_bytes(p.grad)
+        self._cut(self.param_bytes + self.state_bytes + self.grad_bytes)
+
+    def begin_step(self):
+        self.grad_bytes = 0
+        self.state_bytes = self._state_bytes()
+
+    def end_step(self):
+        """After the optimizer step and zero_grad: the optimizer interval held every gradient."""
+        self._cut(self.param_bytes + self._state_bytes() + self.grad_bytes)
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The training loop: the same for every side
+# ---------------------------------------------------------------------------------------------------------
+
+def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
+    """Trains len(built.batches) steps; returns {"losses", "losses_hex", "step_times_s", "median_step_s", ...}.
+    Each step is timed between two device synchronisations; the first `cfg.warmup` steps are left out of the
+    median. `after_step(step_index)` runs after each step's synchronisation, outside the timed region (the
+    layerswap side snapshots its statistics there; the block swapper tunes itself after step 1). `record`, when
+    given, is the dict filled step by step, so that a run that fails half-way still reports its first losses.
+    `meter` (a TransientMeter) measures the warm-up steps and is removed before the timed ones."""
+    device = torch.device(cfg.device)
+    on_cuda = device.type == "cuda"
+
+    def sync():
+        if on_cuda:
+            torch.cuda.synchronize(device)
+
+    model, opt = built.model, built.optimizer
+    record = {} if record is None else record
+    losses = record.setdefault("losses", [])
+    losses_hex = record.setdefault("losses_hex", [])
+    times = record.setdefault("step_times_s", [])
+    for step, batch in enumerate(built.batches):
+        metering = meter is not None and step < cfg.warmup
+        if meter is not None and step == cfg.warmup:
+            meter.remove()
+        sync()
+        t0 = time.perf_counter()
+        if metering:
+            meter.begin_step()
+        with attention_backends() if built.uses_sdpa else contextlib.nullcontext():  # a fresh one each step
+            loss = built.loss(model, batch, device)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if metering:
+            meter.end_step()
+        sync()
+        dt = time.perf_counter() - t0
+        value = loss.item()
+        del loss
+        if not math.isfinite(value):
+            raise FloatingPointError(f"loss is {value} at step {step + 1}")
+        losses.append(value)
+        losses_hex.append(float(value).hex())
+        times.append(dt)
+        log(f"step {step + 1:3d}/{len(built.batches)}  loss {value:.6f}  time {dt:.4f} s")
+        if after_step is not None:
+            after_step(step)
+    warmup = min(cfg.warmup, max(0, len(times) - 1))
+    timed = times[warmup:]
+    record["warmup"] = warmup
+    record["median_step_s"] = statistics.median(timed) if timed else None
+    return record

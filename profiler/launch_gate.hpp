@@ -1,0 +1,117 @@
+// The launching thread's side of the residency gate (allocator/residency_gate.hpp): which regions each open
+// launch entered, so that its API-exit callback exits exactly those, with the launch's number.
+//
+// Note [Gate bookkeeping]
+//   At a launch's API-enter callback the tracker opens a frame, enters every region the launch touches
+//   (deduplicated) and stamps the frame with the launch number; at the API-exit callback it closes the newest
+//   frame, exiting the same regions. Frames stack (up to k_max_depth per thread) so that a launch made inside
+//   another's callbacks still pairs up; a runtime launch's nested driver callback opens no frame at all
+//   (Note [Nested launch callbacks]). The ids live in one fixed thread-local array (k_capacity for all open
+//   frames together): nothing allocates. Every region that was entered is exited, exactly once:
+//     * a region that does not fit in the array is not entered at all (counted in `unguarded`), never entered
+//       without a record of it;
+//     * a frame opened past k_max_depth enters nothing (counted) and its close() pops nothing real;
+//     * a subscription that ends between a launch's enter and exit callbacks loses the exit callback: the next
+//       callback on that thread sees the new subscription generation and calls close_all(), which exits every
+//       frame left open (those launches were enqueued long ago).
+//   A launch touching more regions than the decoder's region_set holds is re-decoded into the frame directly
+//   (add(), deduplicated by a scan of the frame: slow, and only for such launches).
+//
+// Gate is a type with static `enter(region_id)` and `exit(region_id, launch_no)` (noexcept): the residency gate
+// in production, a recorder in the unit tests. Constant-initializable, so a thread_local needs no guard.
+#pragma once
+
+#include <cstdint>
+
+#include "allocator/region_map.hpp"
+#include "profiler/arg_decoder.hpp"
+
+namespace layerswap::profiler {
+
+template <class Gate>
+class launch_gate {
+ public:
+  static constexpr int k_capacity = 4096;  // region ids held by all the open frames of one thread
+  static constexpr int k_max_depth = 8;    // launches open at once on one thread
+
+  // A launch's API-enter callback begins.
+  void open() noexcept {
+    if (depth_ == k_max_depth) {
+      ++excess_depth_;
+      ++deep_;
+      return;
+    }
+    frames_[depth_++] = frame{count_, 0};
+  }
+
+  // Enters a region of the newest frame unless the frame already holds it. False when it was not entered:
+  // a duplicate, no frame open, or no room (then counted as unguarded).
+  bool add(region_id id) noexcept {
+    if (id == 0 || !writable()) return false;
+    for (int i = frames_[depth_ - 1].begin; i < count_; ++i) {
+      if (ids_[i] == id) return false;
+    }
+    return push(id);
+  }
+  // Enters every region of `set` (distinct by construction).
+  void add_all(const region_set& set) noexcept {
+    if (!writable()) return;
+    for (int i = 0; i < set.count; ++i) {
+      if (set.ids[i] != 0) push(set.ids[i]);
+    }
+  }
+  // The launch number of the newest frame (tracker_core::record's result), passed to exit().
+  void set_launch(std::uint64_t launch_no) noexcept {
+    if (writable()) frames_[depth_ - 1].launch_no = launch_no;
+  }
+
+  // A launch's API-exit callback: exits the regions of the newest frame. No-op without an open frame.
+  void close() noexcept {
+    if (excess_depth_ > 0) {
+      --excess_depth_;
+      return;
+    }
+    if (depth_ == 0) return;
+    const frame f = frames_[--depth_];
+    for (int i = f.begin; i < count_; ++i) Gate::exit(ids_[i], f.launch_no);
+    count_ = f.begin;
+  }
+  // Exits every open frame, newest first (the subscription changed under them).
+  void close_all() noexcept {
+    excess_depth_ = 0;
+    while (depth_ > 0) close();
+  }
+
+  [[nodiscard]] int depth() const noexcept { return depth_ + excess_depth_; }
+  [[nodiscard]] int entered() const noexcept { return count_; }  // regions entered and not yet exited
+  [[nodiscard]] std::uint64_t unguarded() const noexcept { return unguarded_; }
+  [[nodiscard]] std::uint64_t too_deep() const noexcept { return deep_; }
+
+ private:
+  struct frame {
+    int begin = 0;
+    std::uint64_t launch_no = 0;
+  };
+  // The newest frame is a real one (not past k_max_depth).
+  [[nodiscard]] bool writable() const noexcept { return depth_ > 0 && excess_depth_ == 0; }
+  bool push(region_id id) noexcept {
+    if (count_ == k_capacity) {
+      ++unguarded_;
+      return false;
+    }
+    Gate::enter(id);
+    ids_[count_++] = id;
+    return true;
+  }
+
+  // The counters first, the ids last: a launch with few regions touches the first lines only.
+  int count_ = 0;
+  int depth_ = 0;
+  int excess_depth_ = 0;
+  frame frames_[k_max_depth];
+  std::uint64_t unguarded_ = 0;
+  std::uint64_t deep_ = 0;
+  region_id ids_[k_capacity]{};
+};
+
+}  // namespace layerswap::profiler

@@ -1,0 +1,117 @@
+// What the CUPTI launch callback does with a launch once it has read the API's parameters, without any CUDA or
+// CUPTI type: decode the arguments into regions, enter them into the residency gate, and record the access
+// event. cupti_tracker.cpp calls these from its callback; tests/perf/tracker_hotpath_bench.cpp calls the same
+// code with synthetic launches to measure the callback's own cost without a GPU.
+//
+// Everything here runs on the launching thread inside the callback: no allocation, no lock, no logging. The
+// per-thread scratch is one constant-initialized thread_local, fetched once per callback (one TLS lookup) and
+// passed down by reference.
+#pragma once
+
+#include <cstdint>
+
+#include "allocator/region_map.hpp"
+#include "allocator/residency_gate.hpp"
+#include "profiler/arg_decoder.hpp"
+#include "profiler/launch_dedupe.hpp"
+#include "profiler/launch_gate.hpp"
+#include "profiler/layout_cache.hpp"
+#include "profiler/tracker_core.hpp"
+
+namespace layerswap::profiler {
+
+// The residency gate, as launch_gate calls it (Note [Gate bookkeeping]).
+struct residency_gate_calls {
+  static void enter(region_id id) noexcept { residency_gate::enter(id); }
+  static void exit(region_id id, std::uint64_t launch_no) noexcept { residency_gate::exit(id, launch_no); }
+};
+
+// Ordered so that a launch with few regions touches the first few cache lines of each member: the counters
+// of the region_set and the gate come before their id arrays (about 2.3 KiB in all for such a launch).
+struct thread_scratch {
+  std::uint32_t generation = 0;  // the subscription this thread's nesting and gate frames belong to
+  launch_nesting nesting;
+  region_set regions;
+  launch_gate<residency_gate_calls> gate;
+  param_slot params[k_max_params];  // only while a function's layout is queried
+};
+
+namespace detail {
+inline constinit thread_local thread_scratch t_scratch;
+
+// A region lookup that enters every hit straight into the open gate frame (re-decoding a launch whose regions
+// overflowed the region_set: Note [Gate bookkeeping]). Returns 0 so that the region_set is left alone.
+inline region_id lookup_into_gate(std::uint64_t address) noexcept {
+  if (const region_id id = region_map::lookup(address)) t_scratch.gate.add(id);
+  return 0;
+}
+
+inline void add_pointer(region_set& set, std::uint64_t address) noexcept {
+  if (const region_id id = region_map::lookup(address)) set.add(id);
+}
+
+// The hit rate, while a residency engine counts it: was one of the launch's regions backed by host pages?
+inline void count_residency(const region_set& regions) noexcept {
+  if (regions.count == 0 || !residency_gate::counting()) return;
+  bool missed = false;
+  for (int i = 0; i < regions.count; ++i) missed = missed || residency_gate::on_host(regions.ids[i]);
+  residency_gate::count_launch(missed);
+}
+}  // namespace detail
+
+// The calling thread's scratch (one TLS lookup: call once per callback).
+inline thread_scratch& this_thread_scratch() noexcept { return detail::t_scratch; }
+
+// A kernel launch with either kernelParams (+ the layout `query` answers) or an `extra` buffer. The gate frame
+// must be open (t.gate.open()).
+inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn query, std::uint64_t function,
+                          const char* name, std::uint64_t stream, void* const* args, void* const* extra) noexcept {
+  region_set& regions = t.regions;
+  regions.clear();
+  undecoded_reason reason = undecoded_reason::none;
+  std::uint64_t query_context = 0;  // scratch for the query function (driver_query keeps a flag in it)
+  const layout_lookup found = core.layouts().find_or_add(function, name, query, &query_context, t.params);
+  if (args != nullptr) {
+    if (found.has_layout) {
+      decode_params(found.layout, args, region_map::lookup, regions);
+    } else {
+      reason = undecoded_reason::no_layout;
+    }
+  } else if (const extra_buffer buffer = parse_extra(extra); buffer.data != nullptr) {
+    scan_words(buffer.data, buffer.size, region_map::lookup, regions);
+  } else {
+    reason = undecoded_reason::no_args;
+  }
+  if (regions.count > 0) reason = undecoded_reason::none;
+  t.gate.add_all(regions);
+  detail::count_residency(regions);
+  if (regions.truncated) {  // more regions than the set holds: enter the rest too
+    region_set rest;  // only its word count changes: lookup_into_gate returns 0
+    if (args != nullptr) {
+      if (found.has_layout) decode_params(found.layout, args, detail::lookup_into_gate, rest);
+    } else if (const extra_buffer buffer = parse_extra(extra); buffer.data != nullptr) {
+      scan_words(buffer.data, buffer.size, detail::lookup_into_gate, rest);
+    }
+  }
+  t.gate.set_launch(core.record(launch_kind::kernel, stream, found.kernel, reason, regions));
+}
+
+// A copy or memset touching `dst` and `src` (0: none). The gate frame must be open.
+inline void record_copy(tracker_core& core, thread_scratch& t, launch_kind kind, std::uint64_t stream,
+                        std::uint64_t dst, std::uint64_t src) noexcept {
+  region_set& regions = t.regions;
+  regions.clear();
+  detail::add_pointer(regions, dst);
+  if (src != 0) detail::add_pointer(regions, src);
+  t.gate.add_all(regions);
+  detail::count_residency(regions);
+  t.gate.set_launch(core.record(kind, stream, 0, undecoded_reason::none, regions));
+}
+
+// A graph launch: counted, its nodes' arguments are not visible.
+inline void record_graph(tracker_core& core, thread_scratch& t, std::uint64_t stream) noexcept {
+  t.regions.clear();
+  core.record(launch_kind::graph, stream, 0, undecoded_reason::graph, t.regions);
+}
+
+}  // namespace layerswap::profiler

@@ -1,0 +1,523 @@
+// The residency engine and policy on the simulated device: the tests play the launch tracker (they call the
+// residency gate around every simulated launch) and check DESIGN.md's invariants 3, 4 and 6: no lost write,
+// never an access to an unmapped range, never a remap under a pending launch, never over the budget.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "allocator/caching_allocator.hpp"
+#include "allocator/forecast.hpp"
+#include "allocator/region_map.hpp"
+#include "allocator/residency_gate.hpp"
+#include "runtime/error.hpp"
+#include "runtime/sim_driver.hpp"
+
+namespace layerswap {
+namespace {
+
+namespace gate = residency_gate;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// A forecast the test sets by hand.
+class fixed_forecast final : public forecast_source {
+ public:
+  void set(std::vector<region_id> order, bool learned = true) {
+    std::lock_guard lock(mutex_);
+    f_.learned = learned;
+    ++f_.generation;
+    f_.step_launches = 1000;
+    f_.upcoming.clear();
+    for (std::size_t i = 0; i < order.size(); ++i) f_.upcoming.push_back({order[i], 0, i + 1});
+  }
+  void current(forecast& out, std::size_t max_regions) override {
+    std::lock_guard lock(mutex_);
+    out = f_;
+    if (out.upcoming.size() > max_regions) out.upcoming.resize(max_regions);
+  }
+
+ private:
+  std::mutex mutex_;
+  forecast f_;
+};
+
+struct harness {
+  explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true)
+      : sim(make_sim(eager)), alloc(sim, make_options(budget, thread, without_tracker)) {
+    s1 = sim.create_stream();
+    s2 = sim.create_stream();
+    const stream_handle streams[] = {s1, s2};
+    alloc.set_streams(streams);
+  }
+  static sim_options make_sim(bool eager) {
+    sim_options o;
+    o.total_memory = 512 * MiB;
+    o.eager = eager;
+    return o;
+  }
+  static allocator_options make_options(std::size_t budget, bool thread, bool without_tracker) {
+    allocator_options o;
+    o.budget = budget;
+    o.va_reserve = 1024 * MiB;
+    o.residency.enabled = true;
+    o.residency.without_tracker = without_tracker;
+    o.residency.thread = thread;
+    return o;
+  }
+
+  // A simulated launch, framed by the gate as the tracker frames real ones.
+  void launch(stream_handle s, std::vector<sim_access> acc) {
+    std::vector<region_id> ids;
+    for (const auto& a : acc) {
+      const region_id id = region_map::lookup(a.va);
+      if (id && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+    }
+    for (region_id id : ids) gate::enter(id);
+    sim.launch(s, acc);
+    const std::uint64_t n = ++launch_no;
+    for (region_id id : ids) gate::exit(id, n);
+  }
+  void write(stream_handle s, void* p, std::size_t bytes, std::uint8_t v) {
+    launch(s, {{reinterpret_cast<device_ptr>(p), bytes, true, v}});
+  }
+  void read(stream_handle s, void* p, std::size_t bytes) { launch(s, {{reinterpret_cast<device_ptr>(p), bytes, false, 0}}); }
+
+  // Whether every byte of [p, p + bytes) reads `v` through its VA (host_read is checked like a kernel access).
+  bool holds(void* p, std::size_t bytes, std::uint8_t v) {
+    std::vector<std::byte> buf(bytes);
+    sim.host_read(reinterpret_cast<device_ptr>(p), buf);
+    return std::all_of(buf.begin(), buf.end(), [&](std::byte b) { return b == std::byte{v}; });
+  }
+  static region_id id_of(void* p) { return region_map::lookup(reinterpret_cast<device_ptr>(p)); }
+  void expect_clean() {
+    EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+    EXPECT_NO_THROW(alloc.verify());
+  }
+
+  sim_driver sim;
+  caching_allocator alloc;
+  stream_handle s1 = nullptr;
+  stream_handle s2 = nullptr;
+  std::uint64_t launch_no = 0;
+};
+
+TEST(Residency, EvictAndPrefetchRoundTripPreservesBytes) {
+  harness h(64 * MiB);
+  void* a = h.alloc.allocate(6 * MiB, h.s1);
+  h.write(h.s1, a, 6 * MiB, 0x5a);
+  ASSERT_TRUE(h.alloc.request_evict(a));
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::moving_out);
+  h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::host);
+  EXPECT_TRUE(h.holds(a, 6 * MiB, 0x5a));
+  h.write(h.s1, a, 4 * MiB, 0x21);  // a write through the host mapping (a launch the policy did not foresee)
+  ASSERT_TRUE(h.alloc.request_prefetch(a));
+  h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::device);
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 0x21));
+  EXPECT_TRUE(h.holds(static_cast<char*>(a) + 4 * MiB, 2 * MiB, 0x5a));
+  const residency_stats st = h.alloc.residency();
+  EXPECT_EQ(st.evictions, 1);
+  EXPECT_EQ(st.prefetches, 1);
+  EXPECT_EQ(st.bytes_d2h, static_cast<std::int64_t>(6 * MiB));
+  EXPECT_EQ(st.bytes_h2d, static_cast<std::int64_t>(6 * MiB));
+  EXPECT_EQ(st.writeback_skipped, 0);
+  EXPECT_EQ(st.host_bytes, static_cast<std::int64_t>(6 * MiB));  // kept for the region's life
+  h.alloc.deallocate(a);
+  h.expect_clean();
+}
+
+TEST(Residency, WriteDuringEvictionCopyAbandonsTheMove) {
+  harness h(64 * MiB, /*eager=*/false);
+  void* a = h.alloc.allocate(4 * MiB, h.s1);
+  h.write(h.s1, a, 4 * MiB, 0x11);
+  h.sim.run_all();
+  ASSERT_TRUE(h.alloc.request_evict(a));
+  h.write(h.s2, a, 4 * MiB, 0x33);  // after the snapshot: the copy may miss it
+  h.sim.run_all();
+  h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::device);
+  EXPECT_EQ(h.alloc.residency().abandoned, 1);
+  EXPECT_EQ(h.alloc.residency().evictions, 0);
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 0x33));
+  // Untouched now: the next attempt goes through, with the last write.
+  ASSERT_TRUE(h.alloc.request_evict(a));
+  h.sim.run_all();
+  h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::host);
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 0x33));
+  h.expect_clean();
+}
+
+TEST(Residency, EvictionWaitsForLaunchesEnqueuedBeforeIt) {
+  harness h(64 * MiB, /*eager=*/false);
+  void* a = h.alloc.allocate(4 * MiB, h.s1);
+  h.write(h.s1, a, 4 * MiB, 0x77);  // still pending when the eviction starts
+  ASSERT_TRUE(h.alloc.request_evict(a));
+  h.alloc.residency_tick();  // copy not done: nothing happens
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::moving_out);
+  h.sim.run_all();
+  h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::host);
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 0x77));
+  h.expect_clean();
+}
+
+TEST(Residency, LaunchWaitsInEnterDuringARemap) {
+  std::atomic<bool> entered{false};
+  std::thread launcher;
+  harness* hp = nullptr;
+  void* a = nullptr;
+  sim_options so;
+  so.total_memory = 512 * MiB;
+  sim_driver sim(so);
+  allocator_options o = harness::make_options(64 * MiB, false, true);
+  std::atomic<bool> hook_saw_entered{false};
+  o.residency.remap_hook = [&](region_id id) {
+    launcher = std::thread([&, id] {
+      gate::enter(id);
+      entered = true;
+      sim.launch(nullptr, {{reinterpret_cast<device_ptr>(a), 2 * MiB, true, 0x44}});
+      gate::exit(id, 1000);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    hook_saw_entered = entered.load();
+  };
+  caching_allocator alloc(sim, o);
+  (void)hp;
+  a = alloc.allocate(2 * MiB, nullptr);
+  sim.launch(nullptr, {{reinterpret_cast<device_ptr>(a), 2 * MiB, true, 0x10}});
+  ASSERT_TRUE(alloc.request_evict(a));
+  alloc.residency_tick();
+  launcher.join();
+  EXPECT_FALSE(hook_saw_entered.load());  // the launch waited for end_remap()
+  EXPECT_TRUE(entered.load());
+  EXPECT_EQ(alloc.residency_of(a), region_residency::host);
+  EXPECT_EQ(sim.byte_at(reinterpret_cast<device_ptr>(a)), 0x44);  // written through the new host mapping
+  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  alloc.verify();
+}
+
+TEST(Residency, AllocationUnderPressureEvictsTheFarthestRegion) {
+  fixed_forecast f;
+  harness h(16 * MiB);
+  h.alloc.set_forecast_source(&f);
+  void* a = h.alloc.allocate(4 * MiB, h.s1);
+  void* b = h.alloc.allocate(4 * MiB, h.s1);
+  void* c = h.alloc.allocate(4 * MiB, h.s1);
+  for (auto [p, v] : {std::pair{a, 1}, {b, 2}, {c, 3}}) h.write(h.s1, p, 4 * MiB, static_cast<std::uint8_t>(v));
+  f.set({harness::id_of(b), harness::id_of(a), harness::id_of(c)});  // c is used last
+  h.alloc.residency_tick();
+  void* d = h.alloc.allocate(8 * MiB, h.s1);  // needs 4 MiB more than the budget has
+  EXPECT_EQ(h.alloc.residency_of(c), region_residency::host);
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::device);
+  EXPECT_EQ(h.alloc.residency_of(b), region_residency::device);
+  EXPECT_EQ(h.alloc.residency().stall_evictions, 1);
+  EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
+  EXPECT_TRUE(h.holds(c, 4 * MiB, 3));
+  // Nothing movable left but a and b (d is the target of nothing now: it is swappable too).
+  void* e = h.alloc.allocate(12 * MiB, h.s1);
+  EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 1));
+  EXPECT_TRUE(h.holds(b, 4 * MiB, 2));
+  EXPECT_THROW((void)h.alloc.allocate(18 * MiB, h.s1), out_of_memory);
+  for (void* p : {a, b, c, d, e}) h.alloc.deallocate(p);
+  h.expect_clean();
+}
+
+TEST(Residency, PolicyPrefetchesInForecastOrderWithinTheBudget) {
+  fixed_forecast f;
+  harness h(16 * MiB);
+  h.alloc.set_forecast_source(&f);
+  std::vector<void*> p;
+  for (int i = 0; i < 4; ++i) {
+    p.push_back(h.alloc.allocate(4 * MiB, h.s1));
+    h.write(h.s1, p.back(), 4 * MiB, static_cast<std::uint8_t>(10 + i));
+  }
+  for (void* q : p) ASSERT_TRUE(h.alloc.request_evict(q));
+  h.alloc.residency_tick();
+  for (void* q : p) ASSERT_EQ(h.alloc.residency_of(q), region_residency::host);
+  // Use order 3, 1, 0, 2; room (16 MiB, no transient usage) for all four, so all come in, 3 and 1 first.
+  f.set({harness::id_of(p[3]), harness::id_of(p[1]), harness::id_of(p[0]), harness::id_of(p[2])});
+  for (int i = 0; i < 6; ++i) h.alloc.residency_tick();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(h.alloc.residency_of(p[i]), region_residency::device) << i;
+    EXPECT_TRUE(h.holds(p[i], 4 * MiB, static_cast<std::uint8_t>(10 + i)));
+  }
+  // A 4 MiB transient allocation: the policy keeps room for it from now on, evicting the farthest (p[2]).
+  void* t = h.alloc.allocate(4 * MiB, h.s1);
+  EXPECT_EQ(h.alloc.residency_of(p[2]), region_residency::host);
+  h.alloc.deallocate(t);
+  for (int i = 0; i < 4; ++i) h.alloc.residency_tick();
+  EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
+  h.expect_clean();
+  for (void* q : p) h.alloc.deallocate(q);
+}
+
+TEST(Residency, FreeingASwappedOutRegion) {
+  harness h(32 * MiB);
+  void* a = h.alloc.allocate(4 * MiB, h.s1);
+  h.write(h.s1, a, 4 * MiB, 9);
+  ASSERT_TRUE(h.alloc.request_evict(a));
+  h.alloc.residency_tick();
+  ASSERT_EQ(h.alloc.residency_of(a), region_residency::host);
+  EXPECT_TRUE(h.alloc.deallocate(a));
+  h.expect_clean();
+  h.alloc.residency_tick();  // retired: destroyed once its stream is past its launches
+  EXPECT_FALSE(h.alloc.owns(a));
+  EXPECT_EQ(h.alloc.residency().host_bytes, static_cast<std::int64_t>(4 * MiB));  // pooled for the next one
+  void* b = h.alloc.allocate(4 * MiB, h.s1);
+  EXPECT_EQ(h.alloc.residency_of(b), region_residency::device);
+  h.write(h.s1, b, 4 * MiB, 1);
+  EXPECT_TRUE(h.holds(b, 4 * MiB, 1));
+  h.alloc.deallocate(b);
+  h.expect_clean();
+}
+
+TEST(Residency, FreeingARegionWhileItMoves) {
+  harness h(32 * MiB, /*eager=*/false);
+  void* a = h.alloc.allocate(4 * MiB, h.s1);
+  void* b = h.alloc.allocate(4 * MiB, h.s1);
+  h.write(h.s1, a, 4 * MiB, 1);
+  h.write(h.s1, b, 4 * MiB, 2);
+  h.sim.run_all();
+  ASSERT_TRUE(h.alloc.request_evict(b));
+  h.sim.run_all();
+  h.alloc.residency_tick();
+  ASSERT_EQ(h.alloc.residency_of(b), region_residency::host);
+  ASSERT_TRUE(h.alloc.request_evict(a));  // moving out
+  ASSERT_TRUE(h.alloc.request_prefetch(b));  // moving in
+  h.alloc.deallocate(a);
+  h.alloc.deallocate(b);
+  h.expect_clean();
+  h.sim.run_all();
+  h.alloc.residency_tick();
+  h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency().cancelled, 2);
+  // a is cached on the device and handed out again; b is gone.
+  void* c = h.alloc.allocate(4 * MiB, h.s1);
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(h.alloc.residency_of(c), region_residency::device);
+  EXPECT_FALSE(h.alloc.owns(b));
+  h.alloc.empty_cache();
+  h.alloc.deallocate(c);
+  h.alloc.empty_cache();
+  h.sim.run_all();
+  h.expect_clean();
+}
+
+TEST(Residency, WithoutATrackerNothingMoves) {
+  harness h(8 * MiB, true, false, /*without_tracker=*/false);
+  gate::set_fed(false);
+  void* a = h.alloc.allocate(4 * MiB, h.s1);
+  void* b = h.alloc.allocate(4 * MiB, h.s1);
+  EXPECT_FALSE(h.alloc.request_evict(a));
+  EXPECT_THROW((void)h.alloc.allocate(4 * MiB, h.s1), out_of_memory);
+  EXPECT_FALSE(h.alloc.residency().active);
+  h.alloc.deallocate(a);
+  h.alloc.deallocate(b);
+  h.expect_clean();
+}
+
+TEST(Residency, PinnedGroupsAreNeverEvicted) {
+  sim_options so;
+  so.total_memory = 512 * MiB;
+  sim_driver sim(so);
+  allocator_options o = harness::make_options(12 * MiB, false, true);
+  o.residency.pin.first = 1;
+  fixed_forecast f;
+  caching_allocator alloc(sim, o);
+  alloc.set_forecast_source(&f);
+  void* a = alloc.allocate(4 * MiB, nullptr);
+  void* b = alloc.allocate(4 * MiB, nullptr);
+  f.set({harness::id_of(a), harness::id_of(b)});
+  alloc.residency_tick();
+  EXPECT_FALSE(alloc.request_evict(a));  // first group of the step
+  void* c = alloc.allocate(8 * MiB, nullptr);
+  EXPECT_EQ(alloc.residency_of(a), region_residency::device);
+  EXPECT_EQ(alloc.residency_of(b), region_residency::host);
+  for (void* p : {a, b, c}) alloc.deallocate(p);
+  alloc.verify();
+}
+
+TEST(Residency, HostLimitCapsHostBacking) {
+  sim_options so;
+  so.total_memory = 512 * MiB;
+  sim_driver sim(so);
+  allocator_options o = harness::make_options(64 * MiB, false, true);
+  o.residency.host_limit = 6 * MiB;
+  caching_allocator alloc(sim, o);
+  void* a = alloc.allocate(4 * MiB, nullptr);
+  void* b = alloc.allocate(4 * MiB, nullptr);
+  EXPECT_TRUE(alloc.request_evict(a));
+  EXPECT_FALSE(alloc.request_evict(b));  // 8 MiB of host backing would exceed 6 MiB
+  alloc.residency_tick();
+  EXPECT_EQ(alloc.residency().host_bytes, static_cast<std::int64_t>(4 * MiB));
+  alloc.deallocate(a);
+  alloc.deallocate(b);
+  alloc.verify();
+}
+
+// ---- randomized stress ----
+
+struct live_alloc {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  stream_handle home = nullptr;
+  int value = -1;  // last value written (in the home stream's order); -1: never written
+};
+
+enum class forecast_mode { right, wrong, absent };
+
+void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats& out) {
+  std::mt19937 rng(seed);
+  auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
+  const std::size_t budget = (6 + pick(14)) * 2 * MiB;
+  const bool eager = pick(2) == 0;
+  fixed_forecast f;  // outlives the allocator (and its migration thread)
+  harness h(budget, eager, thread);
+  stream_handle streams[] = {h.s1, h.s2, nullptr};
+  if (mode != forecast_mode::absent) h.alloc.set_forecast_source(&f);
+  std::vector<live_alloc> live;
+  std::vector<std::size_t> plan;  // indices into `live` of the next launches (the "right" forecast)
+  std::size_t ooms = 0;
+  SCOPED_TRACE("seed " + std::to_string(seed) + " budget " + std::to_string(budget >> 20) + " MiB eager " +
+               std::to_string(eager) + " thread " + std::to_string(thread));
+
+  auto refresh_forecast = [&] {
+    if (mode == forecast_mode::absent) return;
+    std::vector<region_id> order;
+    if (mode == forecast_mode::right) {
+      for (std::size_t i : plan) {
+        if (i >= live.size()) continue;
+        const region_id id = harness::id_of(live[i].p);
+        if (std::find(order.begin(), order.end(), id) == order.end()) order.push_back(id);
+      }
+    } else {
+      for (const live_alloc& l : live) order.push_back(harness::id_of(l.p));
+      std::shuffle(order.begin(), order.end(), rng);
+    }
+    f.set(order);
+  };
+
+  auto check_contents = [&] {
+    h.sim.run_all();
+    for (const live_alloc& l : live) {
+      if (l.value < 0) continue;
+      ASSERT_TRUE(h.holds(l.p, l.bytes, static_cast<std::uint8_t>(l.value)))
+          << "lost write: " << l.bytes << " bytes at " << l.p << " should hold " << l.value;
+    }
+  };
+
+  for (int step = 0; step < 400; ++step) {
+    const std::size_t op = pick(100);
+    if (op < 14 || live.size() < 2) {  // allocate
+      const bool small = pick(5) == 0;
+      const std::size_t bytes = small ? 4096 + pick(200000) : (1 + pick(3)) * 2 * MiB - pick(2) * 4096;
+      stream_handle s = streams[pick(3)];
+      try {
+        void* p = h.alloc.allocate(bytes, s);
+        live.push_back({p, bytes, s, -1});
+      } catch (const out_of_memory&) {
+        ++ooms;
+      }
+    } else if (op < 22) {  // free
+      const std::size_t i = pick(live.size());
+      EXPECT_TRUE(h.alloc.deallocate(live[i].p));
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      plan.clear();
+    } else if (op < 70) {  // launch: write one allocation on its home stream, read up to two others anywhere
+      std::size_t w = plan.empty() ? pick(live.size()) : plan.front();
+      if (!plan.empty()) plan.erase(plan.begin());
+      if (w >= live.size()) w = pick(live.size());
+      live_alloc& target = live[w];
+      const auto v = static_cast<std::uint8_t>(1 + pick(250));
+      std::vector<sim_access> acc{{reinterpret_cast<device_ptr>(target.p), target.bytes, true, v}};
+      target.value = v;
+      h.launch(target.home, acc);
+      for (int k = 0; k < 2; ++k) {
+        const live_alloc& r = live[pick(live.size())];
+        if (r.p == target.p) continue;
+        stream_handle s = streams[pick(3)];
+        h.launch(s, {{reinterpret_cast<device_ptr>(r.p), r.bytes, false, 0}});
+        if (s != r.home) h.alloc.record_stream(r.p, s);
+      }
+    } else if (op < 80) {  // plan the next launches (what a right forecast knows)
+      plan.clear();
+      for (int k = 0; k < 8; ++k) plan.push_back(pick(live.size()));
+      refresh_forecast();
+    } else if (op < 88) {
+      if (!thread) h.alloc.residency_tick();
+    } else if (op < 92) {  // forced moves, as a confused policy would make them
+      const live_alloc& l = live[pick(live.size())];
+      if (pick(2)) (void)h.alloc.request_evict(l.p); else (void)h.alloc.request_prefetch(l.p);
+    } else if (op < 97) {
+      if (!eager) (void)h.sim.run_one(streams[pick(3)]);
+    } else {
+      check_contents();
+    }
+    if (mode == forecast_mode::wrong && pick(10) == 0) refresh_forecast();
+    ASSERT_TRUE(h.sim.violations().empty()) << "step " << step << ": " << h.sim.violations().front();
+    ASSERT_NO_THROW(h.alloc.verify()) << "step " << step;
+    ASSERT_LE(h.sim.live_device_bytes(), budget) << "step " << step;
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  check_contents();
+  for (const live_alloc& l : live) h.alloc.deallocate(l.p);
+  h.sim.run_all();
+  h.alloc.residency_tick();
+  h.alloc.empty_cache();
+  EXPECT_TRUE(h.sim.violations().empty());
+  h.alloc.verify();
+  (void)ooms;
+  out = h.alloc.residency();
+}
+
+// Runs seeds [first, last] and checks that they swapped at all (a stress test that moves nothing proves nothing).
+void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, bool thread) {
+  residency_stats sum;
+  for (std::uint32_t seed = first; seed <= last; ++seed) {
+    residency_stats st;
+    stress(seed, mode, thread, st);
+    if (::testing::Test::HasFatalFailure()) return;
+    sum.evictions += st.evictions;
+    sum.prefetches += st.prefetches;
+    sum.abandoned += st.abandoned;
+    sum.cancelled += st.cancelled;
+    sum.stall_evictions += st.stall_evictions;
+  }
+  std::printf("  swapped: %lld evictions (%lld synchronous), %lld prefetches, %lld abandoned, %lld cancelled\n",
+              static_cast<long long>(sum.evictions), static_cast<long long>(sum.stall_evictions),
+              static_cast<long long>(sum.prefetches), static_cast<long long>(sum.abandoned),
+              static_cast<long long>(sum.cancelled));
+  EXPECT_GT(sum.evictions, 0);
+  EXPECT_GT(sum.prefetches, 0);
+}
+
+TEST(ResidencyStress, RightForecast) {
+  stress_seeds(1, 12, forecast_mode::right, false);
+}
+
+TEST(ResidencyStress, WrongForecast) {
+  stress_seeds(101, 112, forecast_mode::wrong, false);
+}
+
+TEST(ResidencyStress, NoForecast) {
+  stress_seeds(201, 212, forecast_mode::absent, false);
+}
+
+TEST(ResidencyStress, MigrationThreadRunning) {
+  stress_seeds(301, 303, forecast_mode::right, true);
+  stress_seeds(304, 306, forecast_mode::wrong, true);
+}
+
+}  // namespace
+}  // namespace layerswap

@@ -522,6 +522,9 @@ residency_engine::residency_engine(driver& port, std::mutex& mutex, page_source&
     : impl_(std::make_unique<impl>(port, mutex, source, std::move(options))) {
   impl_->d2h = port.create_stream();
   impl_->h2d = port.create_stream();
+  // The tracker must not count the engine's own copies as uses of the regions they move (residency_gate.hpp).
+  gate::add_internal_stream(reinterpret_cast<std::uint64_t>(impl_->d2h));
+  gate::add_internal_stream(reinterpret_cast<std::uint64_t>(impl_->h2d));
 }
 
 residency_engine::~residency_engine() {
@@ -531,6 +534,8 @@ residency_engine::~residency_engine() {
     for (auto& [va, bytes] : m.shadows) m.port.unreserve(va, bytes);
     for (auto& [bytes, h] : m.spare_host) m.port.release(h);
     for (event_handle e : m.spare_events) m.port.destroy_event(e);
+    gate::remove_internal_stream(reinterpret_cast<std::uint64_t>(m.d2h));
+    gate::remove_internal_stream(reinterpret_cast<std::uint64_t>(m.h2d));
     m.port.destroy_stream(m.d2h);
     m.port.destroy_stream(m.h2d);
   } catch (const std::exception& e) {
@@ -580,6 +585,10 @@ void residency_engine::wake() noexcept {
     impl_->woken = true;
   }
   impl_->wake_cv.notify_all();
+}
+
+std::pair<stream_handle, stream_handle> residency_engine::copy_streams() const noexcept {
+  return {impl_->d2h, impl_->h2d};
 }
 
 void residency_engine::set_forecast_source(forecast_source* source) noexcept {

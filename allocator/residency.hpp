@@ -12,6 +12,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "allocator/forecast.hpp"
@@ -102,6 +103,8 @@ class residency_engine {
   void wake() noexcept;
 
   void set_forecast_source(forecast_source* source) noexcept;
+  // The engine's D2H and H2D copy streams (registered as internal in the residency gate).
+  [[nodiscard]] std::pair<stream_handle, stream_handle> copy_streams() const noexcept;
 
   // ---- with the allocator mutex held ----
   void set_streams_locked(std::span<const stream_handle> streams);

@@ -41,6 +41,7 @@ std::atomic<chunk*> g_chunks[k_max_chunks];
 std::mutex g_prepare_mutex;
 std::atomic<bool> g_fed{false};
 std::atomic<bool> g_counting{false};
+std::atomic<std::uint64_t> g_internal[k_max_internal_streams];  // 0 = free slot
 std::atomic<std::uint64_t> g_counted{0};
 std::atomic<std::uint64_t> g_missed{0};
 
@@ -110,6 +111,31 @@ bool try_begin_remap(region_id id, std::uint64_t expected) noexcept {
 
 void end_remap(region_id id) noexcept {
   if (entry* e = find(id)) e->remapping.store(0);
+}
+
+void add_internal_stream(std::uint64_t stream) noexcept {
+  if (stream == 0) return;  // the legacy stream is the program's
+  for (auto& slot : g_internal) {
+    std::uint64_t empty = 0;
+    if (slot.compare_exchange_strong(empty, stream)) return;
+  }
+  // More engines than slots: their copies count as uses (their moves are abandoned, never unsafe).
+}
+
+void remove_internal_stream(std::uint64_t stream) noexcept {
+  if (stream == 0) return;
+  for (auto& slot : g_internal) {
+    std::uint64_t expected = stream;
+    if (slot.compare_exchange_strong(expected, 0)) return;
+  }
+}
+
+bool internal_stream(std::uint64_t stream) noexcept {
+  if (stream == 0) return false;  // empty slots hold 0; the legacy stream is always the program's
+  for (const auto& slot : g_internal) {
+    if (slot.load(std::memory_order_relaxed) == stream) return true;
+  }
+  return false;
 }
 
 void set_on_host(region_id id, bool host) noexcept {

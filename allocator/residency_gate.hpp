@@ -56,6 +56,15 @@ void set_fed(bool fed) noexcept;
 [[nodiscard]] bool try_begin_remap(region_id id, std::uint64_t expected) noexcept;
 void end_remap(region_id id) noexcept;
 
+// ---- the engine's own copies ----
+// The engine's copy streams: the tracker leaves copies on them out of the gate and the access stream (a move's
+// own copy must not count as a use of the region it moves, or every move would be abandoned). At most
+// k_max_internal_streams at once; thread-safe; internal_stream() is k_max_internal_streams relaxed loads.
+inline constexpr int k_max_internal_streams = 16;
+void add_internal_stream(std::uint64_t stream) noexcept;
+void remove_internal_stream(std::uint64_t stream) noexcept;  // the engine is gone (its stream destroyed)
+[[nodiscard]] bool internal_stream(std::uint64_t stream) noexcept;
+
 // ---- the hit rate (LAYERSWAP_STATS): launches whose regions were all on the device when they were issued ----
 // The engine marks the regions whose VA is backed by host pages, and turns counting on while it can move regions.
 void set_on_host(region_id id, bool on_host) noexcept;

@@ -99,6 +99,7 @@ inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn 
 // A copy or memset touching `dst` and `src` (0: none). The gate frame must be open.
 inline void record_copy(tracker_core& core, thread_scratch& t, launch_kind kind, std::uint64_t stream,
                         std::uint64_t dst, std::uint64_t src) noexcept {
+  if (stream != 0 && residency_gate::internal_stream(stream)) return;  // the residency engine's own move
   region_set& regions = t.regions;
   regions.clear();
   detail::add_pointer(regions, dst);

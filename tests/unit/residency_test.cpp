@@ -521,3 +521,38 @@ TEST(ResidencyStress, MigrationThreadRunning) {
 
 }  // namespace
 }  // namespace layerswap
+
+namespace layerswap {
+namespace {
+
+// The engine's copy streams are registered as internal: the tracker leaves copies on them out of the gate, so a
+// move's own copy never counts as a use of the region it moves.
+TEST(ResidencyGate, EngineCopyStreamsAreInternal) {
+  sim_driver port;
+  std::mutex mutex;
+  struct no_pages final : detail::page_source {
+    bool take_pages(std::size_t, std::vector<phys_handle>&) override { return false; }
+    void give_pages(std::vector<phys_handle>&) override {}
+    [[nodiscard]] std::size_t budget() const override { return 0; }
+    [[nodiscard]] std::size_t held_bytes() const override { return 0; }
+    [[nodiscard]] std::size_t pooled_bytes() const override { return 0; }
+    void maintain() override {}
+  } pages;
+  const stream_handle program = port.create_stream();
+  {
+    detail::residency_engine engine(port, mutex, pages, residency_options{});
+    const auto [d2h, h2d] = engine.copy_streams();
+    EXPECT_TRUE(residency_gate::internal_stream(reinterpret_cast<std::uint64_t>(d2h)));
+    EXPECT_TRUE(residency_gate::internal_stream(reinterpret_cast<std::uint64_t>(h2d)));
+    EXPECT_FALSE(residency_gate::internal_stream(reinterpret_cast<std::uint64_t>(program)));
+    EXPECT_FALSE(residency_gate::internal_stream(0));
+    // Streams created after the engine's are the program's too.
+    const stream_handle later = port.create_stream();
+    EXPECT_FALSE(residency_gate::internal_stream(reinterpret_cast<std::uint64_t>(later)));
+    port.destroy_stream(later);
+  }
+  port.destroy_stream(program);
+}
+
+}  // namespace
+}  // namespace layerswap

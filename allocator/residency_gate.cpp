@@ -39,6 +39,8 @@ struct chunk {
 
 std::atomic<chunk*> g_chunks[k_max_chunks];
 std::mutex g_prepare_mutex;
+entry g_unknown;                          // launches that may touch any region (Note [Unknown launches])
+std::atomic<std::uint32_t> g_remapping{0};  // remaps in progress, all regions
 std::atomic<bool> g_fed{false};
 std::atomic<bool> g_counting{false};
 std::atomic<std::uint64_t> g_internal[k_max_internal_streams];  // 0 = free slot
@@ -46,6 +48,7 @@ std::atomic<std::uint64_t> g_counted{0};
 std::atomic<std::uint64_t> g_missed{0};
 
 entry* find(region_id id) noexcept {
+  if (id == k_unknown_region) return &g_unknown;
   const std::size_t c = id >> k_chunk_shift;
   if (id == 0 || c >= k_max_chunks) return nullptr;
   chunk* ch = g_chunks[c].load(std::memory_order_acquire);
@@ -67,7 +70,9 @@ void enter(region_id id) noexcept {
   entry* e = find(id);
   if (!e) return;
   e->issuing.fetch_add(1);  // seq_cst: Note [Gate handshake]
-  for (unsigned spins = 0; e->remapping.load() != 0; ++spins) {
+  // An unknown launch waits for every remap in progress; a known one for its region's.
+  std::atomic<std::uint32_t>& flag = e == &g_unknown ? g_remapping : e->remapping;
+  for (unsigned spins = 0; flag.load() != 0; ++spins) {
     if (spins >= 64) std::this_thread::yield();
   }
 }
@@ -85,7 +90,8 @@ bool fed() noexcept { return g_fed.load(); }
 
 std::uint64_t sequence(region_id id) noexcept {
   const entry* e = find(id);
-  return e ? e->sequence.load() : 0;
+  if (!e || e == &g_unknown) return 0;
+  return e->sequence.load() + g_unknown.sequence.load();  // Note [Unknown launches]
 }
 
 std::uint64_t last_use(region_id id) noexcept {
@@ -100,9 +106,12 @@ std::uint32_t issuing(region_id id) noexcept {
 
 bool try_begin_remap(region_id id, std::uint64_t expected) noexcept {
   entry* e = find(id);
-  if (!e) return false;  // never prepared: no way to exclude launches
+  if (!e || e == &g_unknown) return false;  // never prepared: no way to exclude launches
   e->remapping.store(1);
-  if (e->issuing.load() != 0 || e->sequence.load() != expected) {
+  g_remapping.fetch_add(1);
+  if (e->issuing.load() != 0 || g_unknown.issuing.load() != 0 ||
+      e->sequence.load() + g_unknown.sequence.load() != expected) {
+    g_remapping.fetch_sub(1);
     e->remapping.store(0);
     return false;
   }
@@ -110,7 +119,10 @@ bool try_begin_remap(region_id id, std::uint64_t expected) noexcept {
 }
 
 void end_remap(region_id id) noexcept {
-  if (entry* e = find(id)) e->remapping.store(0);
+  entry* e = find(id);
+  if (!e || e == &g_unknown) return;
+  g_remapping.fetch_sub(1);
+  e->remapping.store(0);
 }
 
 void add_internal_stream(std::uint64_t stream) noexcept {

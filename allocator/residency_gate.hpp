@@ -29,6 +29,14 @@
 
 namespace layerswap::residency_gate {
 
+// Note [Unknown launches]
+//   A launch whose arguments the tracker could not read (no parameter layout, a graph launch) may touch any
+//   region. The tracker enters it as k_unknown_region: it waits while any region is being remapped, and every
+//   region's sequence() includes the unknown launches' count, so a move that such a launch overlapped is
+//   abandoned and no remap starts while one is being issued. Safe, and slow where such launches are frequent:
+//   the cure is to decode them.
+inline constexpr region_id k_unknown_region = 0xFFFFFFFFu;
+
 // Makes sure the table holds `id` (allocates a chunk the first time). Not for the hot path. Thread-safe.
 void prepare(region_id id);
 
@@ -45,7 +53,8 @@ void set_fed(bool fed) noexcept;
 [[nodiscard]] bool fed() noexcept;
 
 // ---- the engine's side ----
-// Launches enqueued so far that touched `id` (0 for an unknown id).
+// Launches enqueued so far that touched `id` or may have (unknown launches, Note [Unknown launches]); 0 for an
+// id never prepared.
 [[nodiscard]] std::uint64_t sequence(region_id id) noexcept;
 // Launch number of the last enqueued launch that touched `id` (0 if none).
 [[nodiscard]] std::uint64_t last_use(region_id id) noexcept;

@@ -191,6 +191,7 @@ PYBIND11_MODULE(_C, m) {
     d["paused"] = profiler::tracker_paused();
     d["subscriber_busy"] = profiler::tracker_subscriber_busy();
     d["problem"] = profiler::tracker_problem();
+    d["param_info_errors"] = profiler::tracker_param_info_errors();
     profiler::tracker_core* core = profiler::tracker_instance();
     if (core == nullptr) return d;
     profiler::tracker_stats s;

@@ -80,6 +80,7 @@ struct cuda_api {
   decltype(&::cudaGetLastError) get_last_error = nullptr;
   decltype(&::cuKernelGetParamInfo) kernel_get_param_info = nullptr;
   decltype(&::cuFuncGetParamInfo) func_get_param_info_driver = nullptr;
+  decltype(&::cuFuncLoad) func_load = nullptr;
 };
 
 struct state {
@@ -180,6 +181,7 @@ bool load_locked(state& s) {
       };
       get("cuKernelGetParamInfo", c.kernel_get_param_info);
       get("cuFuncGetParamInfo", c.func_get_param_info_driver);
+      get("cuFuncLoad", c.func_load);
     }
   }
   g_cuda = c;
@@ -203,6 +205,10 @@ query_status runtime_query(void*, std::uint64_t function, std::uint32_t index, p
   return r == cudaErrorInvalidValue ? query_status::end : query_status::error;
 }
 
+std::atomic<int> g_param_info_error_func{0};
+std::atomic<int> g_param_info_error_kernel{0};
+std::atomic<std::uint64_t> g_param_info_failures{0};
+
 query_status driver_query(void* context, std::uint64_t function, std::uint32_t index, param_slot& out) noexcept {
   const cuda_api& c = g_cuda;
   // The context (record_kernel's, zeroed per launch) says which call answers for this function, decided at
@@ -211,12 +217,20 @@ query_status driver_query(void* context, std::uint64_t function, std::uint32_t i
   std::size_t offset = 0;
   std::size_t size = 0;
   CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+  int r_func = -1;
   if (index == 0) {
     // A CUfunction (Triton's cuModuleGetFunction) answers cuFuncGetParamInfo; a CUkernel (library kernels,
     // runtime launches) fails it with 400 and answers cuKernelGetParamInfo (DESIGN.md).
     use_kernel = 0;
     if (c.func_get_param_info_driver) {
       r = c.func_get_param_info_driver(reinterpret_cast<CUfunction>(function), 0, &offset, &size);
+      // A function of a lazily loaded module may not answer before it is loaded: load it (the launch is about
+      // to) and ask again.
+      if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE && c.func_load &&
+          c.func_load(reinterpret_cast<CUfunction>(function)) == CUDA_SUCCESS) {
+        r = c.func_get_param_info_driver(reinterpret_cast<CUfunction>(function), 0, &offset, &size);
+      }
+      r_func = static_cast<int>(r);
     }
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE && c.kernel_get_param_info) {
       use_kernel = 1;
@@ -230,6 +244,11 @@ query_status driver_query(void* context, std::uint64_t function, std::uint32_t i
   if (r == CUDA_SUCCESS) {
     out = param_slot{static_cast<std::uint32_t>(offset), static_cast<std::uint32_t>(size)};
     return query_status::ok;
+  }
+  if (r != CUDA_ERROR_INVALID_VALUE) {  // diagnostics: which error the param info queries give (tracker_param_info_errors)
+    g_param_info_error_func.store(r_func, std::memory_order_relaxed);
+    g_param_info_error_kernel.store(static_cast<int>(r), std::memory_order_relaxed);
+    g_param_info_failures.fetch_add(1, std::memory_order_relaxed);
   }
   return r == CUDA_ERROR_INVALID_VALUE ? query_status::end : query_status::error;
 }
@@ -659,6 +678,12 @@ bool tracker_active() noexcept { return the_state().active.load(); }
 bool tracker_paused() noexcept { return the_state().paused.load(); }
 bool tracker_subscriber_busy() noexcept { return the_state().busy.load(); }
 
+std::string tracker_param_info_errors() {
+  return std::to_string(g_param_info_failures.load()) + " failed driver param-info queries; last: cuFuncGetParamInfo " +
+         std::to_string(g_param_info_error_func.load()) + ", cuKernelGetParamInfo " +
+         std::to_string(g_param_info_error_kernel.load());
+}
+
 std::string tracker_problem() {
   state& s = the_state();
   std::lock_guard lock(s.mutex);
@@ -700,6 +725,7 @@ bool tracker_active() noexcept { return false; }
 bool tracker_paused() noexcept { return false; }
 bool tracker_subscriber_busy() noexcept { return false; }
 std::string tracker_problem() { return "layerswap was built without the CUPTI headers"; }
+std::string tracker_param_info_errors() { return {}; }
 tracker_core* tracker_instance() noexcept { return nullptr; }
 learner* tracker_learner() noexcept { return nullptr; }
 void tracker_set_mode(tracker_mode) noexcept {}

@@ -84,6 +84,8 @@ inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn 
   }
   if (regions.count > 0) reason = undecoded_reason::none;
   t.gate.add_all(regions);
+  // Arguments not read: the launch may touch any region (residency_gate.hpp, Note [Unknown launches]).
+  if (reason != undecoded_reason::none) t.gate.add(residency_gate::k_unknown_region);
   detail::count_residency(regions);
   if (regions.truncated) {  // more regions than the set holds: enter the rest too
     region_set rest;  // only its word count changes: lookup_into_gate returns 0
@@ -112,6 +114,7 @@ inline void record_copy(tracker_core& core, thread_scratch& t, launch_kind kind,
 // A graph launch: counted, its nodes' arguments are not visible.
 inline void record_graph(tracker_core& core, thread_scratch& t, std::uint64_t stream) noexcept {
   t.regions.clear();
+  t.gate.add(residency_gate::k_unknown_region);  // its kernels' arguments are not visible
   core.record(launch_kind::graph, stream, 0, undecoded_reason::graph, t.regions);
 }
 

@@ -44,6 +44,8 @@ bool tracker_resume() noexcept;
 [[nodiscard]] bool tracker_subscriber_busy() noexcept;
 // Why tracking is off ("" when on or never started).
 [[nodiscard]] std::string tracker_problem();
+// Diagnostics: how many driver param-info queries failed, and the CUresult codes of the last failure.
+[[nodiscard]] std::string tracker_param_info_errors();
 // The core (counters, recent events); nullptr before the first tracker_start().
 [[nodiscard]] tracker_core* tracker_instance() noexcept;
 // The learner the tracker feeds (a layerswap::forecast_source for the residency policy); nullptr before the

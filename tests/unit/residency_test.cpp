@@ -554,5 +554,32 @@ TEST(ResidencyGate, EngineCopyStreamsAreInternal) {
   port.destroy_stream(program);
 }
 
+
+// Note [Unknown launches]: a launch whose arguments were not read may touch any region, so it blocks every
+// remap while it is issued, abandons every move it overlaps, and waits while any remap is in progress.
+TEST(ResidencyGate, UnknownLaunchesBlockEveryRemap) {
+  const region_id id = region_map::next_region_id();
+  residency_gate::prepare(id);
+  const std::uint64_t s = residency_gate::sequence(id);
+  residency_gate::enter(residency_gate::k_unknown_region);
+  EXPECT_FALSE(residency_gate::try_begin_remap(id, s)) << "a remap started while an unknown launch was issued";
+  residency_gate::exit(residency_gate::k_unknown_region, 1);
+  EXPECT_FALSE(residency_gate::try_begin_remap(id, s)) << "a move overlapped by an unknown launch was not abandoned";
+  const std::uint64_t s2 = residency_gate::sequence(id);
+  EXPECT_GT(s2, s);
+  ASSERT_TRUE(residency_gate::try_begin_remap(id, s2));
+  std::atomic<bool> entered{false};
+  std::thread launcher([&] {
+    residency_gate::enter(residency_gate::k_unknown_region);
+    entered = true;
+    residency_gate::exit(residency_gate::k_unknown_region, 2);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(entered.load()) << "an unknown launch was issued during a remap";
+  residency_gate::end_remap(id);
+  launcher.join();
+  EXPECT_TRUE(entered.load());
+}
+
 }  // namespace
 }  // namespace layerswap

@@ -1,0 +1,41 @@
+"""Diagnostics: what the launch tracker sees in a few training steps of one of bench/swap.py's models.
+
+    python bench/diag_tracker_model.py [--case llama-lora|llama-full|unet] [--steps 3] [--quick]
+
+Enables layerswap (no budget), trains, and prints the tracker's counters: launches, decoded share, undecoded
+launches by reason, the kernel families whose launches touched no layerswap region (pointers hidden from the
+arguments, or pointing outside layerswap's memory), and the learner's view of the step.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", default="llama-lora")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    import layerswap
+    layerswap.enable()
+    import torch
+    import swap_models as sm
+    cfg = sm.RunConfig(case=args.case, quick=args.quick, steps=args.steps, warmup=1)
+    built = sm.build_case(cfg)
+    layerswap.tracker.drain()
+    sm.train(built, cfg)
+    torch.cuda.synchronize()
+    st = layerswap.tracker.stats()
+    out = {k: v for k, v in st.items() if k != "no_region_families"}
+    fams = sorted(st.get("no_region_families", {}).items(), key=lambda kv: -kv[1])
+    print("TRACKER " + json.dumps(out, default=str))
+    print("NO_REGION_FAMILIES " + json.dumps(fams[:40]))
+    print("ALLOCATOR " + json.dumps(layerswap.stats(0).get("residency", {})))
+
+
+if __name__ == "__main__":
+    main()

@@ -580,6 +580,7 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
     if (pool->free_by_pages.size() <= npages) pool->free_by_pages.resize(npages + 1);
     count(false, &pool_stats::segments, 1);  // its pages were already counted in the large pool's reserved bytes
     if (engine) seg->swap = engine->add_locked(seg->region, seg->va, seg->bytes, &seg->pages);
+    residency_gate::mark_large(seg->region);  // after add_locked, which prepares the gate entry
   }
   seg->live = true;
   if (seg->swap) engine->set_live_locked(seg->swap, true);
@@ -784,6 +785,7 @@ bool caching_allocator::deallocate(void* ptr) noexcept {
     if (seg->va != p || !seg->live) seg = nullptr;
     else requested = seg->requested, seg->live = false;
     if (seg && seg->swap) m.engine->set_live_locked(seg->swap, false);
+    if (seg) residency_gate::note_freed(seg->region);  // no longer persistent (residency_gate.hpp)
   }
   if (!seg) {
     ++m.st.num_foreign_frees;

@@ -31,6 +31,8 @@ struct entry {
   std::atomic<std::uint64_t> sequence{0};
   std::atomic<std::uint64_t> last_use{0};
   std::atomic<std::uint8_t> on_host{0};  // the VA is backed by host pages (hit rate only)
+  std::atomic<std::uint8_t> large{0};    // a large segment's region (mark_large)
+  std::atomic<std::uint8_t> freed{0};    // its allocation was freed at least once (note_freed)
 };
 
 struct chunk {
@@ -123,6 +125,20 @@ void end_remap(region_id id) noexcept {
   if (!e || e == &g_unknown) return;
   g_remapping.fetch_sub(1);
   e->remapping.store(0);
+}
+
+void mark_large(region_id id) noexcept {
+  if (entry* e = find(id); e && e != &g_unknown) e->large.store(1, std::memory_order_relaxed);
+}
+
+void note_freed(region_id id) noexcept {
+  if (entry* e = find(id); e && e != &g_unknown) e->freed.store(1, std::memory_order_relaxed);
+}
+
+bool persistent(region_id id) noexcept {
+  const entry* e = find(id);
+  return e && e != &g_unknown && e->large.load(std::memory_order_relaxed) != 0 &&
+         e->freed.load(std::memory_order_relaxed) == 0;
 }
 
 void add_internal_stream(std::uint64_t stream) noexcept {

@@ -65,6 +65,14 @@ void set_fed(bool fed) noexcept;
 [[nodiscard]] bool try_begin_remap(region_id id, std::uint64_t expected) noexcept;
 void end_remap(region_id id) noexcept;
 
+// ---- persistent regions (the learner keys the step on them) ----
+// A large segment (its own region) is persistent until its allocation is first freed: parameters and optimizer
+// state stay persistent, activations and gradients (freed every step, their segments reused from the cache
+// under the same region id) do not. Slabs never are.
+void mark_large(region_id id) noexcept;
+void note_freed(region_id id) noexcept;
+[[nodiscard]] bool persistent(region_id id) noexcept;
+
 // ---- the engine's own copies ----
 // The engine's copy streams: the tracker leaves copies on them out of the gate and the access stream (a move's
 // own copy must not count as a use of the region it moves, or every move would be abandoned). At most

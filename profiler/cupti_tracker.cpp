@@ -560,7 +560,9 @@ bool subscribe_locked(state& s) {
     } catch (...) {
     }
     s.core = new tracker_core(options);
-    s.learn = new learner();
+    learner_options learn_options;
+    learn_options.keep = &residency_gate::persistent;  // parameters and optimizer state, not activations
+    s.learn = new learner(learn_options);
     s.core->set_learner(s.learn);
     g_learner.store(s.learn, std::memory_order_release);
     g_core.store(s.core, std::memory_order_release);

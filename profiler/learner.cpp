@@ -127,6 +127,7 @@ void learner::on_event(const access_event& e) {
   for (int k = 0; k < e.nregions; ++k) {
     const region_id id = e.regions[k];
     if (id == 0 || rec.nregions >= k_max_regions_per_launch) continue;
+    if (options_.keep != nullptr && !options_.keep(id)) continue;
     auto [it, inserted] = regions_.try_emplace(id, region_info{next_index_, next_index_});
     it->second.last_seen = next_index_;
     const std::size_t slot = region_total_ % region_ring_.size();

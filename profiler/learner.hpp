@@ -38,6 +38,10 @@ struct learner_options {
   std::uint32_t group_window = 16;
   // At most one info line about (re)learning per this many seconds; the others are counted in it.
   double log_interval_s = 30.0;
+  // Regions the learner considers; nullptr = all. The tracker passes residency_gate::persistent, so that
+  // activation segments, reused from the cache under the same region id layer after layer, do not make a
+  // layer look like a step.
+  bool (*keep)(region_id) = nullptr;
 };
 
 struct learner_stats {

@@ -720,7 +720,9 @@ def worker_train(spec, out, log):
         total = torch.cuda.get_device_properties(device).total_memory
         out["total_memory"] = total
         if cap:
-            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+            # It wants an index ("cuda" alone is refused).
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
             out["cap_enforced_bytes"] = cap
     snapshots = {}
 

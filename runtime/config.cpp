@@ -44,10 +44,11 @@ constexpr setting_info k_settings[row_count] = {
      "The CUPTI launch tracker: auto runs it whenever layerswap is on; 0 never; 1 always; subscribe-only (a "
      "measurement aid) takes CUPTI and enables the same callbacks but records nothing, so that a benchmark sees "
      "CUPTI's own cost; without records swapping stays off, as without a tracker"},
-    {"LAYERSWAP_TRACK_API", "both", "both or driver",
-     "Which CUPTI callbacks the tracker takes: both = the runtime's and the driver's (a runtime launch raises "
-     "four callbacks and is decoded in the runtime's); driver = the driver's only (two per launch; a runtime "
-     "launch is decoded in the driver callback it makes)"},
+    {"LAYERSWAP_TRACK_API", "driver", "driver or both",
+     "Which CUPTI callbacks the tracker takes: driver = the driver's only (two per launch; a runtime launch is "
+     "decoded in the driver callback it makes, which also reads kernels of libraries with their own static CUDA "
+     "runtime, such as cuBLAS's sm80_xmma GEMMs); both = the runtime's and the driver's (four per runtime "
+     "launch, decoded in the runtime's)"},
     {"LAYERSWAP_TRACE", "none", "a file path such as /tmp/launches.json, or none",
      "Write a Chrome/Perfetto trace of launches and the regions each touched to this file (bounded size)"},
     {"LAYERSWAP_PREFETCH", "auto", "auto, or a number of regions such as 8 (at least 1)",

@@ -53,7 +53,7 @@ struct config {
   // LAYERSWAP_TRACK_API: which CUPTI callback domains the tracker enables (profiler/cupti_tracker.cpp, Note
   // [Callback domains]).
   enum class track_api_mode : std::uint8_t { both, driver };
-  track_api_mode track_api = track_api_mode::both;
+  track_api_mode track_api = track_api_mode::driver;
   std::string trace;             // LAYERSWAP_TRACE: path of a Chrome/Perfetto launch trace ("" for none)
   std::size_t prefetch = 0;      // LAYERSWAP_PREFETCH: regions prefetched ahead; 0 = auto (as the budget allows)
   // LAYERSWAP_PIN: groups never evicted: the first/last N groups of a step, or the first ones up to pin_bytes.

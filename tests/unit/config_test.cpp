@@ -135,15 +135,15 @@ TEST(TrackSetting, SubscribeOnlyIsAMeasurementMode) {
 }
 
 TEST(TrackApiSetting, BothOrDriver) {
-  EXPECT_STREQ(row("LAYERSWAP_TRACK_API").default_value, "both");
-  EXPECT_EQ(parse_config(vars{}).track_api, config::track_api_mode::both);
+  EXPECT_STREQ(row("LAYERSWAP_TRACK_API").default_value, "driver");
+  EXPECT_EQ(parse_config(vars{}).track_api, config::track_api_mode::driver);
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_TRACK_API", " DRIVER "}}).track_api, config::track_api_mode::driver);
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_TRACK_API", "both"}}).track_api, config::track_api_mode::both);
-  const config c = parse_config(vars{{"LAYERSWAP_TRACK_API", "driver"}});
-  EXPECT_NE(c.describe().find("LAYERSWAP_TRACK_API=driver\n"), std::string::npos) << c.describe();
+  const config c = parse_config(vars{{"LAYERSWAP_TRACK_API", "both"}});
+  EXPECT_NE(c.describe().find("LAYERSWAP_TRACK_API=both\n"), std::string::npos) << c.describe();
   const std::string message = config_error_of(vars{{"LAYERSWAP_TRACK_API", "runtime"}});
   EXPECT_NE(message.find("LAYERSWAP_TRACK_API=\"runtime\""), std::string::npos) << message;
-  EXPECT_NE(message.find("both or driver"), std::string::npos) << message;
+  EXPECT_NE(message.find("driver or both"), std::string::npos) << message;
 }
 
 TEST(TraceSetting, PathOrNone) {
@@ -525,7 +525,7 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_STATS=0  (default)\n"
             "LAYERSWAP_VA_RESERVE=1TiB  (default)\n"
             "LAYERSWAP_TRACK=auto  (default)\n"
-            "LAYERSWAP_TRACK_API=both  (default)\n"
+            "LAYERSWAP_TRACK_API=driver  (default)\n"
             "LAYERSWAP_TRACE=none  (default)\n"
             "LAYERSWAP_PREFETCH=auto  (default)\n"
             "LAYERSWAP_PIN=none  (default)\n"
@@ -545,7 +545,7 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_STATS=1\n"
             "LAYERSWAP_VA_RESERVE=256GiB\n"
             "LAYERSWAP_TRACK=auto  (default)\n"
-            "LAYERSWAP_TRACK_API=both  (default)\n"
+            "LAYERSWAP_TRACK_API=driver  (default)\n"
             "LAYERSWAP_TRACE=none  (default)\n"
             "LAYERSWAP_PREFETCH=auto  (default)\n"
             "LAYERSWAP_PIN=none  (default)\n"

@@ -313,19 +313,33 @@ def check_oom(args, c):
     c.check(ls.stats()[dev]["num_ooms"] >= 1, "layerswap.stats() num_ooms is 0 after an OOM")
     del x
 
-    # 3. Fill up to the budget with 600 MiB tensors: stops with OutOfMemoryError, never above the budget.
+    # 3. 600 MiB tensors past the budget. With swapping on (the tracker feeds the residency engine), earlier
+    #    ones move to host memory and all 8 are allocated, each keeping its contents; without it
+    #    (LAYERSWAP_TRACK=0) the second one is an OutOfMemoryError. Never above the budget either way.
+    swapping = bool(ls.stats()[dev].get("residency", {}).get("active"))
+    c.note("swapping", swapping)
     held, stopped = [], None
-    for _ in range(8):
+    for i in range(8):
         try:
-            held.append(torch.empty(600 * MiB, dtype=torch.uint8, device="cuda").fill_(1))
+            held.append(torch.empty(600 * MiB, dtype=torch.uint8, device="cuda").fill_(10 + i))
         except torch.OutOfMemoryError as e:
             stopped = e
             break
-    c.note("tensors_of_600MiB_before_oom", len(held))
-    c.check(stopped is not None, f"{len(held)} tensors of 600 MiB fit under a 1 GiB budget")
-    c.check(len(held) == 1, f"{len(held)} tensors of 600 MiB were allocated under a 1 GiB budget (expected 1)")
-    if stopped is not None:
-        c.check("LAYERSWAP_BUDGET" in str(stopped), "the loop's OOM message does not name LAYERSWAP_BUDGET")
+    c.note("tensors_of_600MiB_allocated", len(held))
+    if swapping:
+        c.check(stopped is None, f"with swapping on, only {len(held)} tensors of 600 MiB were allocated under a "
+                                 f"1 GiB budget: {stopped}")
+        for i, t in enumerate(held):
+            c.check(int(t[::4096].sum().item()) == (10 + i) * (600 * MiB // 4096),
+                    f"600 MiB tensor {i} lost its contents while swapped")
+        res = ls.stats()[dev]["residency"]
+        c.note("evictions", res.get("evictions"))
+        c.check(res.get("evictions", 0) > 0, "no eviction happened although 8 x 600 MiB exceed the 1 GiB budget")
+    else:
+        c.check(stopped is not None, f"{len(held)} tensors of 600 MiB fit under a 1 GiB budget without swapping")
+        c.check(len(held) == 1, f"{len(held)} tensors of 600 MiB were allocated under a 1 GiB budget (expected 1)")
+        if stopped is not None:
+            c.check("LAYERSWAP_BUDGET" in str(stopped), "the loop's OOM message does not name LAYERSWAP_BUDGET")
     s = ls.stats()[dev]
     c.note("device_bytes_peak", s["device_bytes"]["peak"])
     c.check(s["device_bytes"]["peak"] <= budget,

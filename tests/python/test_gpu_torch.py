@@ -10,7 +10,8 @@ control: a failure there means the check, not layerswap, is wrong.
      once under layerswap (the >= 1B default model);
   b. memory_allocated/reserved/max/reset_peak/memory_stats/layerswap.stats() agree with known tensors;
   c. empty_cache() returns cached memory to the driver (mem_get_info);
-  d. LAYERSWAP_BUDGET=1GiB: torch.OutOfMemoryError naming the budget, the process goes on, the cap holds;
+  d. LAYERSWAP_BUDGET=1GiB: torch.OutOfMemoryError naming the budget, the process goes on, the cap holds (with
+     swapping, tensors past the budget move to host memory and keep their contents);
   e. record_stream: a block a side stream still uses is not handed out again;
   f. random allocations and frees on two streams with compute in between, values checked exactly;
   g. LD_PRELOAD=liblayerswap_preload.so interposes cudaMalloc/cudaFree (skipped if the library is absent).
@@ -146,8 +147,9 @@ def test_empty_cache_returns_memory(allocator):
 
 # ---- d. OOM under a budget -----------------------------------------------------------------------------
 
-def test_budget_oom():
-    worker("oom", "layerswap", {"LAYERSWAP_BUDGET": "1GiB"})
+@pytest.mark.parametrize("track", ["1", "0"], ids=["swapping", "no-tracker"])
+def test_budget_oom(track):
+    worker("oom", "layerswap", {"LAYERSWAP_BUDGET": "1GiB", "LAYERSWAP_TRACK": track})
 
 
 # ---- e. record_stream with a side stream ---------------------------------------------------------------

@@ -329,8 +329,8 @@ def check_oom(args, c):
     if swapping:
         c.check(stopped is None, f"with swapping on, only {len(held)} tensors of 600 MiB were allocated under a "
                                  f"1 GiB budget: {stopped}")
-        for i, t in enumerate(held):
-            c.check(int(t[::4096].sum().item()) == (10 + i) * (600 * MiB // 4096),
+        for i in range(len(held)):
+            c.check(int(held[i][::4096].sum().item()) == (10 + i) * (600 * MiB // 4096),
                     f"600 MiB tensor {i} lost its contents while swapped")
         res = ls.stats()[dev]["residency"]
         c.note("evictions", res.get("evictions"))

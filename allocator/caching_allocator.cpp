@@ -380,7 +380,9 @@ void caching_allocator::impl::set_owner_locked(device_ptr va, std::size_t npages
 std::size_t caching_allocator::impl::obtainable_pages_locked() const noexcept {
   std::size_t pages = idle_pages.size();
   for (const segment* s = idle.head; s; s = s->idle_hook.next) pages += s->pages.size();
-  if (engine) pages += engine->evictable_pages_locked();
+  // Pages of resident swappable regions, and pages taken by prefetches in flight: settling a prefetch of a freed
+  // region returns them, and a completed one makes its region evictable.
+  if (engine) pages += engine->evictable_pages_locked() + engine->inflight_pages_locked();
   const auto held = static_cast<std::size_t>(st.device_bytes.current);
   if (options.budget > held) pages += (options.budget - held) >> gran_shift;
   return pages;

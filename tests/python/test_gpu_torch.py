@@ -147,12 +147,7 @@ def test_empty_cache_returns_memory(allocator):
 
 # ---- d. OOM under a budget -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("track", [
-    pytest.param("1", marks=pytest.mark.xfail(
-        reason="known bug (issue 4): after 8 x 600 MiB were swapped under a 1 GiB budget and all freed, a new 600 MiB "
-               "allocation raises OutOfMemoryError with 604 MiB cached and nothing live (H100, 2026-11-23)",
-        strict=False)),
-    "0"], ids=["swapping", "no-tracker"])
+@pytest.mark.parametrize("track", ["1", "0"], ids=["swapping", "no-tracker"])
 def test_budget_oom(track):
     worker("oom", "layerswap", {"LAYERSWAP_BUDGET": "1GiB", "LAYERSWAP_TRACK": track})
 

@@ -525,6 +525,47 @@ TEST(ResidencyStress, MigrationThreadRunning) {
 namespace layerswap {
 namespace {
 
+// On the H100: 8 x 600 MiB written under a 1 GiB budget (7 swapped out), all freed, then one more 600 MiB failed
+// with 604 MiB cached and nothing live. Scaled down: 8 x 12 MiB under 20 MiB, everything freed, allocate again.
+class MemoryFreedAfterSwapping : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+
+TEST_P(MemoryFreedAfterSwapping, IsUsableAgain) {
+  const auto [eager, thread] = GetParam();
+  harness h(20 * MiB, eager, thread);
+  std::vector<void*> held;
+  for (int i = 0; i < 8; ++i) {
+    void* p = h.alloc.allocate(12 * MiB, h.s1);
+    h.write(h.s1, p, 12 * MiB, static_cast<std::uint8_t>(10 + i));
+    held.push_back(p);
+  }
+  for (int i = 0; i < 8; ++i) {
+    h.read(h.s1, held[i], 12 * MiB);
+    h.sim.run_all();
+    EXPECT_TRUE(h.holds(held[i], 12 * MiB, static_cast<std::uint8_t>(10 + i))) << i;
+  }
+  for (void* p : held) EXPECT_TRUE(h.alloc.deallocate(p));
+  h.alloc.residency_tick();
+  void* again = nullptr;
+  EXPECT_NO_THROW(again = h.alloc.allocate(12 * MiB, h.s1)) << "memory freed after swapping is not usable again";
+  if (again) {
+    h.write(h.s1, again, 12 * MiB, 0x77);
+    h.sim.run_all();
+    EXPECT_TRUE(h.holds(again, 12 * MiB, 0x77));
+    h.alloc.deallocate(again);
+  }
+  h.sim.run_all();
+  h.expect_clean();
+}
+
+INSTANTIATE_TEST_SUITE_P(Residency, MemoryFreedAfterSwapping,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()));
+
+}  // namespace
+}  // namespace layerswap
+
+namespace layerswap {
+namespace {
+
 // The engine's copy streams are registered as internal: the tracker leaves copies on them out of the gate, so a
 // move's own copy never counts as a use of the region it moves.
 TEST(ResidencyGate, EngineCopyStreamsAreInternal) {

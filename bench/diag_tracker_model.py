@@ -35,6 +35,15 @@ def main():
     print("TRACKER " + json.dumps(out, default=str))
     print("NO_REGION_FAMILIES " + json.dumps(fams[:40]))
     print("ALLOCATOR " + json.dumps(layerswap.stats(0).get("residency", {})))
+    from layerswap import _C
+    params = list(built.model.parameters())
+    infos = [_C.region_info(p.data_ptr()) for p in params]
+    big = [i for p, i in zip(params, infos) if p.numel() * p.element_size() > (1 << 20)]
+    print("PARAMS " + json.dumps({"params": len(params), "large": len(big),
+                                  "large_persistent": sum(1 for i in big if i["persistent"]),
+                                  "large_regions": len({i["region"] for i in big}),
+                                  "sample": big[:3]}))
+    print("LEARNER " + json.dumps(_C.learner_stats()))
 
 
 if __name__ == "__main__":

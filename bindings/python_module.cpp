@@ -11,6 +11,8 @@
 
 #include "allocator/registry.hpp"
 #include "allocator/region_map.hpp"
+#include "allocator/residency_gate.hpp"
+#include "profiler/learner.hpp"
 #include "bindings/torch_allocator.hpp"
 #include "profiler/tracker.hpp"
 #include "runtime/error.hpp"
@@ -244,6 +246,35 @@ PYBIND11_MODULE(_C, m) {
   m.def("region_of", [](std::uintptr_t ptr) { return region_map::lookup(static_cast<std::uint64_t>(ptr)); },
         py::arg("ptr"), "The layerswap region holding a device address, or 0.");
 
+  m.def("region_info", [](std::uintptr_t ptr) {
+    const region_id id = region_map::lookup(static_cast<std::uint64_t>(ptr));
+    py::dict d;
+    d["region"] = id;
+    d["persistent"] = residency_gate::persistent(id);
+    d["on_host"] = residency_gate::on_host(id);
+    d["sequence"] = residency_gate::sequence(id);
+    d["last_use"] = residency_gate::last_use(id);
+    return d;
+  }, py::arg("ptr"), "Diagnostics: the region of a device address and its residency gate state.");
+  m.def("learner_stats", [] {
+    py::dict d;
+    const profiler::learner* l = profiler::tracker_learner();
+    if (l == nullptr) return d;
+    const profiler::learner_stats s = l->stats();
+    d["learned"] = s.learned;
+    d["generation"] = s.generation;
+    d["launches"] = s.launches;
+    d["steps"] = s.steps;
+    d["period"] = s.period;
+    d["recurring_regions"] = s.recurring_regions;
+    d["groups"] = s.groups;
+    d["learns"] = s.learns;
+    d["relearns"] = s.relearns;
+    d["predicted"] = s.predicted;
+    d["hits"] = s.hits;
+    d["tracked_regions"] = s.tracked_regions;
+    return d;
+  }, "The learner's view of the step (period, recurring regions, groups, relearns).");
   m.def("bench_alloc_free", [](std::size_t nbytes, int iters) {
     return torch_binding::bench_alloc_free(nbytes, iters);
   }, py::arg("nbytes"), py::arg("iters"),

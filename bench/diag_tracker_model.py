@@ -19,6 +19,8 @@ def main():
     ap.add_argument("--case", default="llama-lora")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dump", metavar="PATH.json.gz", help="write the launches (launch_no, stream, kernel, regions) "
+                    "and each region's persistence, to replay through the learner off the GPU")
     args = ap.parse_args()
     import layerswap
     layerswap.enable()
@@ -44,6 +46,19 @@ def main():
                                   "large_regions": len({i["region"] for i in big}),
                                   "sample": big[:3]}))
     print("LEARNER " + json.dumps(_C.learner_stats()))
+    if args.dump:
+        import gzip
+        events = layerswap.tracker.drain()
+        regions = sorted({r for e in events for r in e[3]})
+        persistent = {}
+        for r in regions:  # region_info takes an address: ask through any parameter of that region, else unknown
+            persistent[r] = None
+        for p, i in zip(params, infos):
+            persistent[i["region"]] = i["persistent"]
+        with gzip.open(args.dump, "wt") as f:
+            json.dump({"events": [[e[0], e[1], e[2], list(e[3])] for e in events],
+                       "param_regions": {str(k): v for k, v in persistent.items() if v is not None}}, f)
+        print(f"DUMP {len(events)} launches, {len(regions)} regions -> {args.dump}")
 
 
 if __name__ == "__main__":

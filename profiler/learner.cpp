@@ -262,8 +262,10 @@ void learner::evaluate_lags(std::uint64_t index) {
         if (!matched) l.mismatched += weight;
       }
     }
-    if (++l.seen >= p) {
-      l.last_rate = l.compared == 0 ? 1.0 : static_cast<double>(l.mismatched) / static_cast<double>(l.compared);
+    // An epoch closes after a whole period with enough evidence: a lag whose epoch held one or two lucky
+    // comparisons (a weight used twice by one kernel a few launches apart) must not pass for a step.
+    if (++l.seen >= p && l.compared >= options_.min_compared) {
+      l.last_rate = static_cast<double>(l.mismatched) / static_cast<double>(l.compared);
       ++l.epochs;
       l.seen = l.compared = l.mismatched = 0;
       closed = true;

@@ -29,6 +29,9 @@ struct learner_options {
   // the launch one period earlier (an inserted or removed launch is forgiven within `slack` positions).
   double max_mismatch = 0.05;
   std::uint32_t slack = 2;
+  // Weighted comparisons an evaluation epoch needs before its mismatch rate counts (the epoch stretches over
+  // further periods until it has them).
+  std::uint64_t min_compared = 64;
   // Following a learned order: a launch that matches none of the positions within `resync` of the expected
   // one is a miss; a block of launches (max(64, period / 8)) with more than half missed drops the order.
   std::uint32_t resync = 8;

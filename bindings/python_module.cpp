@@ -157,22 +157,15 @@ PYBIND11_MODULE(_C, m) {
   });
 
   // ---- the launch tracker (profiler/tracker.hpp, docs/tracker.md) ----
-  m.def("tracker_start", [] {
-    py::gil_scoped_release release;
-    return profiler::tracker_start();
-  }, "Take CUPTI and track launches; False when CUPTI is missing or held by another subscriber.");
-  m.def("tracker_stop", [] {
-    py::gil_scoped_release release;
-    profiler::tracker_stop();
-  });
-  m.def("tracker_pause", [] {
-    py::gil_scoped_release release;
-    return profiler::tracker_pause();
-  }, "Release CUPTI (for torch.profiler); True when tracking was on.");
-  m.def("tracker_resume", [] {
-    py::gil_scoped_release release;
-    return profiler::tracker_resume();
-  }, "Retake CUPTI after tracker_pause(); True when tracking is on afterwards.");
+  // These take locks and may wait on the tracker's consumer thread: the GIL is released around each call.
+  const auto no_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("tracker_start", &profiler::tracker_start, no_gil,
+        "Take CUPTI and track launches; False when CUPTI is missing or held by another subscriber.");
+  m.def("tracker_stop", &profiler::tracker_stop, no_gil);
+  m.def("tracker_pause", &profiler::tracker_pause, no_gil,
+        "Release CUPTI (for torch.profiler); True when tracking was on.");
+  m.def("tracker_resume", &profiler::tracker_resume, no_gil,
+        "Retake CUPTI after tracker_pause(); True when tracking is on afterwards.");
   m.def("tracker_set_mode", [](const std::string& api, bool subscribe_only) {
     if (api != "both" && api != "driver") throw py::value_error("api must be \"both\" or \"driver\", not \"" + api + "\"");
     profiler::tracker_set_mode({api == "driver" ? profiler::tracker_api::driver : profiler::tracker_api::both,

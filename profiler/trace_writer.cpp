@@ -3,23 +3,11 @@
 
 #include <cinttypes>
 
+#include "runtime/text.hpp"
+
 namespace layerswap::profiler {
 
-void append_json_escaped(std::string& out, std::string_view text) {
-  for (const char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20 || u == 0x7f) {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\u%04x", u);
-      out += hex;
-    } else {
-      out += c;
-    }
-  }
-}
+void append_json_escaped(std::string& out, std::string_view text) { append_escaped(out, text, "\\u%04x"); }
 
 bool trace_writer::open(const std::string& path, std::uint64_t max_events) {
   close();

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "runtime/error.hpp"
+#include "runtime/text.hpp"
 
 extern char** environ;
 
@@ -99,19 +100,7 @@ std::string upper(std::string_view s) {
 // The value as it appears in messages: in double quotes, with quotes, backslashes and control bytes escaped.
 std::string quoted(std::string_view value) {
   std::string out = "\"";
-  for (const char c : value) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20 || u == 0x7f) {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02x", u);
-      out += hex;
-    } else {
-      out += c;
-    }
-  }
+  append_escaped(out, value, "\\x%02x");
   out += '"';
   return out;
 }

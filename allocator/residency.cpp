@@ -253,13 +253,10 @@ struct residency_engine::impl {
         throw;
       }
     } catch (...) {
-      spare_shadows.emplace(r.bytes, m->shadow);
-      spare_events.insert(spare_events.end(), m->fences.begin(), m->fences.end());
+      recycle(r, *m);
       throw;
     }
-    r.mv = std::move(m);
-    r.state = region_residency::moving_out;
-    ++moves;
+    begin(r, std::move(m), region_residency::moving_out);
     return true;
   }
 
@@ -277,14 +274,24 @@ struct residency_engine::impl {
     } catch (...) {
       for (std::size_t i = 0; i < mapped; ++i) port.unmap(m->shadow + i * gran, gran);
       source.give_pages(m->pages);
-      spare_shadows.emplace(r.bytes, m->shadow);
-      spare_events.insert(spare_events.end(), m->fences.begin(), m->fences.end());
+      recycle(r, *m);
       throw;
     }
-    r.mv = std::move(m);
-    r.state = region_residency::moving_in;
-    ++moves;
+    begin(r, std::move(m), region_residency::moving_in);
     return true;
+  }
+
+  // A started move becomes the region's.
+  void begin(swap_region& r, std::unique_ptr<move> m, region_residency state) {
+    r.mv = std::move(m);
+    r.state = state;
+    ++moves;
+  }
+
+  // A move that failed to start: its shadow VA and fence events go back to the pools.
+  void recycle(const swap_region& r, move& m) {
+    spare_shadows.emplace(r.bytes, m.shadow);
+    spare_events.insert(spare_events.end(), m.fences.begin(), m.fences.end());
   }
 
   // The move's copy has completed: remap under the gate, or abandon (Note [Remap under the gate]).

@@ -49,15 +49,12 @@ def main():
     if args.dump:
         import gzip
         events = layerswap.tracker.drain()
-        regions = sorted({r for e in events for r in e[3]})
-        persistent = {}
-        for r in regions:  # region_info takes an address: ask through any parameter of that region, else unknown
-            persistent[r] = None
-        for p, i in zip(params, infos):
-            persistent[i["region"]] = i["persistent"]
+        regions = {r for e in events for r in e[3]}
+        # Persistence is known for the parameters' regions (region_info takes an address).
+        persistent = {i["region"]: i["persistent"] for i in infos}
         with gzip.open(args.dump, "wt") as f:
             json.dump({"events": [[e[0], e[1], e[2], list(e[3])] for e in events],
-                       "param_regions": {str(k): v for k, v in persistent.items() if v is not None}}, f)
+                       "param_regions": {str(k): v for k, v in persistent.items()}}, f)
         print(f"DUMP {len(events)} launches, {len(regions)} regions -> {args.dump}")
 
 

@@ -63,6 +63,7 @@
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "allocator/region_map.hpp"
@@ -155,6 +156,10 @@ struct stream_pool {
   std::vector<pool_list> free_by_pages;  // cached large segments, indexed by page count
   std::vector<pool_list> partial;        // slabs with a free block, indexed by size class
   std::uint64_t fenced_epoch = 0;        // every segment idle at or before this epoch is fenced
+  // An asynchronous fence (Note [Unmap fences]): recorded on `stream` at epoch `fence_epoch`, not waited for;
+  // once it has completed, fenced_epoch catches up with it.
+  event_handle fence_event = nullptr;
+  std::uint64_t fence_epoch = 0;
 };
 
 struct arena {
@@ -205,6 +210,8 @@ struct caching_allocator::impl final : detail::page_source {
   [[nodiscard]] std::size_t budget() const override { return options.budget; }
   [[nodiscard]] std::size_t held_bytes() const override { return static_cast<std::size_t>(st.device_bytes.current); }
   [[nodiscard]] std::size_t pooled_bytes() const override { return idle_pages.size() * gran; }
+  [[nodiscard]] std::size_t idle_bytes() const override;
+  std::size_t reclaim_idle(std::size_t n) override;
   void maintain() override;
   void start_engine_if_needed();
 
@@ -219,6 +226,7 @@ struct caching_allocator::impl final : detail::page_source {
   void release_idle_pages_locked();
   bool reclaim_one_locked();
   void fence_locked(segment* seg);
+  void poll_fences_locked();
   void destroy_segment_locked(segment* seg);
   device_ptr reserve_va_locked(std::size_t npages);
   void release_va_locked(device_ptr va, std::size_t npages);
@@ -276,6 +284,9 @@ caching_allocator::impl::~impl() {
     for (phys_handle h : idle_pages) port.release(h);
     idle_pages.clear();
     engine.reset();
+    for (auto& pool : pools) {
+      if (pool->fence_event) spare_events.push_back(std::exchange(pool->fence_event, nullptr));
+    }
     for (auto& a : arenas) port.unreserve(a->base, a->bytes);
     for (event_handle e : spare_events) port.destroy_event(e);
   } catch (const std::exception& e) {
@@ -744,8 +755,46 @@ void caching_allocator::impl::give_pages(std::vector<phys_handle>& pages) {
   pages.clear();
 }
 
+std::size_t caching_allocator::impl::idle_bytes() const {
+  std::size_t pages = 0;
+  for (const segment* s = idle.head; s; s = s->idle_hook.next) pages += s->pages.size();
+  return pages << gran_shift;
+}
+
+// Completed asynchronous fences advance their pool's fenced epoch.
+void caching_allocator::impl::poll_fences_locked() {
+  for (auto& pool : pools) {
+    if (pool->fence_event && port.query(pool->fence_event)) {
+      pool->fenced_epoch = std::max(pool->fenced_epoch, pool->fence_epoch);
+      spare_events.push_back(pool->fence_event);
+      pool->fence_event = nullptr;
+    }
+  }
+}
+
+std::size_t caching_allocator::impl::reclaim_idle(std::size_t n) {
+  poll_fences_locked();
+  segment* seg = idle.head;
+  while (seg && idle_pages.size() < n) {
+    segment* next = seg->idle_hook.next;
+    stream_pool* pool = seg->pool;
+    if (seg->swap && engine->moving_locked(seg->swap)) {
+      // A cancelled move still in flight (Note [Freeing a moved region]): destroying would wait for it.
+    } else if (seg->free_epoch <= pool->fenced_epoch) {
+      destroy_segment_locked(seg);  // its pages join idle_pages
+    } else if (!pool->fence_event) {
+      pool->fence_event = take_event_locked();
+      pool->fence_epoch = epoch;
+      port.record(pool->fence_event, pool->stream);
+    }
+    seg = next;
+  }
+  return idle_pages.size();
+}
+
 void caching_allocator::impl::maintain() {
   if (!pending.empty()) process_pending_locked(false);
+  poll_fences_locked();
   if (retiring.empty()) return;
   std::vector<segment*> ready;
   for (auto& [seg, e] : retiring) {

@@ -41,15 +41,31 @@
 //   `region_is_clean()`, which answers false; residency_stats::writeback_skipped counts the skips (0 for now).
 //
 // Note [Policy]
-//   With a learned forecast: regions get a rank (their index in the forecast; absent = farthest). The wanted
+//   With a learned forecast: regions get a rank (their index in the forecast; absent = no forecast). The wanted
 //   set is the forecast from the front, whole groups at a time, while its bytes fit in budget - reserve and at
-//   most LAYERSWAP_PREFETCH regions (auto: no count limit), where reserve = the largest "transient" usage seen:
-//   device bytes held that are not forecast regions (activations, slabs, the cache). Wanted regions on host are
-//   prefetched in forecast order when pages are free; otherwise the resident, unpinned, unwanted region with the
-//   farthest next use (Belady; ties by least recent use) is evicted to make room, if it is used later than the
-//   region that needs the room. Without a forecast (none, or not learned): a region on host that a launch
-//   touched since its eviction is brought back, evicting the least recently used resident region if needed.
-//   Pinned regions (LAYERSWAP_PIN, from the forecast's step order) are never evicted.
+//   most LAYERSWAP_PREFETCH regions (auto: no count limit). The reserve is the largest "transient" usage seen:
+//   device bytes held that no move can free (live activations, partly used slabs, live regions absent from the
+//   forecast), that is held less pooled pages, less the allocator's idle cache, less forecast regions' pages; an
+//   allocation that had to evict synchronously raises it to what that moment needed. Room for the wanted regions
+//   on the host is free pages (pooled, budget headroom), the allocator's idle cache (reclaimed without a host
+//   wait: page_source::reclaim_idle) and evictions in flight; when it is short, the resident, unpinned, unwanted
+//   forecast regions with the farthest next use are evicted (Belady; ties by least recent use), as many as the
+//   shortfall needs, at once: an eviction waits for the launches already enqueued (its fences), so it has to
+//   start long before its pages are needed. Wanted regions on the host are then prefetched in forecast order as
+//   pages allow. Regions absent from the forecast are never the policy's victims (DESIGN.md invariant 6: memory
+//   that cannot move comes first); only an allocation under pressure evicts them, and only when no forecast region
+//   is left. Without a forecast (none, or not learned): a region on host that a launch touched since its
+//   eviction is brought back, evicting the least recently used resident region if needed. Pinned regions
+//   (LAYERSWAP_PIN, from the forecast's step order) are never evicted.
+//   Launches that reach a region whose prefetch is still in flight wait for it in the gate (residency_gate.hpp,
+//   Note [Waiting for a prefetch]); the migration thread polls every 20 µs while any does.
+//
+// Note [Unfenced prefetch]
+//   An eviction's copy and remap complete only after every launch enqueued before it that touched the region
+//   (its fences), and the remap happens under the gate. If the region's gate sequence has not moved since (no
+//   launch touched it on the host), nothing pending on any stream touches it, and its host copy is final: the
+//   prefetch copies at once, without fences, so it is not queued behind the program's work. The remap still
+//   checks the sequence, so a launch that arrives during the copy abandons the move as usual.
 //
 // Note [Allocation under pressure]
 //   When a request does not fit in the budget, the allocator reclaims its cache first, then calls
@@ -90,6 +106,7 @@ namespace gate = residency_gate;
 
 namespace {
 constexpr std::uint64_t k_far = std::numeric_limits<std::uint64_t>::max();
+constexpr std::chrono::microseconds k_waited_period{20};
 }
 
 struct move {
@@ -139,7 +156,8 @@ struct residency_engine::impl {
   std::vector<std::pair<device_ptr, std::size_t>> shadows;  // all reservations, for the destructor
   std::multimap<std::size_t, phys_handle> spare_host;     // bytes -> pooled host allocation
   std::size_t host_bytes = 0;                              // host-located bytes in existence
-  std::size_t max_transient = 0;
+  std::size_t max_transient = 0;  // the reserve for memory that cannot move (Note [Policy])
+  bool forecast_applied = false;   // the last policy round had a forecast (ranks mean next uses)
   std::uint64_t pin_generation = ~std::uint64_t{0};
   residency_stats st;
   std::size_t moves = 0;
@@ -214,14 +232,17 @@ struct residency_engine::impl {
   // Note [Write-back]
   [[nodiscard]] static bool region_is_clean(const swap_region&) noexcept { return false; }
 
-  // Starts the copy of `r` (region VA -> shadow) after fences on every known stream (Note [Shadow copies]).
-  void start_copy(swap_region& r, move& m, stream_handle copy_stream) {
+  // Starts the copy of `r` (region VA -> shadow) after fences on every known stream (Note [Shadow copies]);
+  // `fenced` false: nothing pending on any stream touches r (Note [Unfenced prefetch]).
+  void start_copy(swap_region& r, move& m, stream_handle copy_stream, bool fenced) {
     m.snapshot = gate::sequence(r.id);
-    for (stream_handle s : streams) {
-      event_handle e = take_event();
-      m.fences.push_back(e);
-      port.record(e, s);
-      port.stream_wait(copy_stream, e);
+    if (fenced) {
+      for (stream_handle s : streams) {
+        event_handle e = take_event();
+        m.fences.push_back(e);
+        port.record(e, s);
+        port.stream_wait(copy_stream, e);
+      }
     }
     port.copy_async(m.shadow, r.va, r.bytes, copy_stream);
     m.done = take_event();
@@ -247,7 +268,7 @@ struct residency_engine::impl {
         if (region_is_clean(r)) {
           // Hook (Note [Write-back]): the host copy is current; a copy-less move would go here.
         }
-        start_copy(r, *m, d2h);
+        start_copy(r, *m, d2h, true);
       } catch (...) {
         port.unmap(m->shadow, r.bytes);
         throw;
@@ -264,13 +285,14 @@ struct residency_engine::impl {
     if (r.state != region_residency::host || r.mv || !r.live) return false;
     auto m = std::make_unique<move>();
     m->to_device = true;
-    if (!source.take_pages(r.npages, m->pages)) return false;
+    if (!take_prefetch_pages(r.npages, m->pages)) return false;
     m->shadow = take_shadow(r.bytes);
     std::size_t mapped = 0;
     try {
       for (; mapped < m->pages.size(); ++mapped) port.map(m->shadow + mapped * gran, gran, m->pages[mapped], 0);
       port.set_access(m->shadow, r.bytes);
-      start_copy(r, *m, h2d);
+      // Note [Unfenced prefetch]: untouched since its eviction, r has no pending work on any stream.
+      start_copy(r, *m, h2d, gate::sequence(r.id) != r.evicted_seq);
     } catch (...) {
       for (std::size_t i = 0; i < mapped; ++i) port.unmap(m->shadow + i * gran, gran);
       source.give_pages(m->pages);
@@ -286,6 +308,7 @@ struct residency_engine::impl {
     r.mv = std::move(m);
     r.state = state;
     ++moves;
+    if (state == region_residency::moving_in) gate::set_incoming(r.id, true);  // Note [Waiting for a prefetch]
   }
 
   // A move that failed to start: its shadow VA and fence events go back to the pools.
@@ -294,8 +317,20 @@ struct residency_engine::impl {
     spare_events.insert(spare_events.end(), m.fences.begin(), m.fences.end());
   }
 
-  // The move's copy has completed: remap under the gate, or abandon (Note [Remap under the gate]).
+  // The move's copy has completed: remap under the gate, or abandon (Note [Remap under the gate]). Launches
+  // waiting for a prefetch (Note [Waiting for a prefetch]) are released only after the remap has ended.
   void finish(swap_region& r) {
+    struct release_waiters {
+      region_id id;
+      bool incoming;
+      ~release_waiters() {
+        if (incoming) gate::set_incoming(id, false);
+      }
+    } release{r.id, r.mv->to_device};
+    complete(r);
+  }
+
+  void complete(swap_region& r) {
     std::unique_ptr<move> m = std::move(r.mv);
     --moves;
     spare_events.insert(spare_events.end(), m->fences.begin(), m->fences.end());
@@ -365,27 +400,52 @@ struct residency_engine::impl {
     return a_last < b_last;
   }
 
-  swap_region* pick_victim(const std::unordered_set<region_id>* wanted, std::uint64_t nearer_than) {
+  // The resident region to evict next: farthest next use (Note [Policy]). `forecast_only`: regions absent from
+  // the forecast (activations, which cannot move usefully: DESIGN.md invariant 6) are not candidates.
+  swap_region* pick_victim(const std::unordered_set<region_id>* excluded, bool forecast_only) {
     swap_region* best = nullptr;
     std::uint64_t best_last = 0;
     for (auto& [id, r] : regions) {
       if (!r->live || r->pinned || r->mv || r->state != region_residency::device) continue;
-      if (wanted && wanted->contains(id)) continue;
-      if (nearer_than != k_far && r->rank != k_far && r->rank <= nearer_than) continue;
+      if (forecast_only && r->rank == k_far) continue;
+      if (excluded && excluded->contains(id)) continue;
       const std::uint64_t last = gate::last_use(id);
       if (!best || farther(*r, last, *best, best_last)) best = r.get(), best_last = last;
     }
     return best;
   }
 
+  // Pages a prefetch can take now without reclaiming: pooled ones and the budget's headroom.
   [[nodiscard]] std::size_t free_pages() const {
     const std::size_t budget = source.budget();
     const std::size_t held = source.held_bytes();
     return (source.pooled_bytes() + (budget > held ? budget - held : 0)) / gran;
   }
 
+  // Device bytes that no move can free: held, less pooled pages, the allocator's idle cache and the device
+  // pages of forecast regions (resident, moving out, or taken by a prefetch in flight). Live activations,
+  // partly used slabs and regions absent from the forecast (Note [Policy]).
+  [[nodiscard]] std::size_t transient_bytes() const {
+    std::size_t forecast_device = 0;
+    for (const auto& [id, r] : regions) {
+      if (r->rank == k_far) continue;
+      if (r->state == region_residency::device || r->state == region_residency::moving_out) forecast_device += r->bytes;
+      if (r->mv && r->mv->to_device) forecast_device += r->mv->pages.size() * gran;
+    }
+    const std::size_t reclaimable = source.pooled_bytes() + source.idle_bytes() + forecast_device;
+    const std::size_t held = source.held_bytes();
+    return held > reclaimable ? held - reclaimable : 0;
+  }
+
+  // Takes `n` pages for a prefetch: free ones, else the allocator's idle cache (no host wait).
+  bool take_prefetch_pages(std::size_t n, std::vector<phys_handle>& out) {
+    if (free_pages() < n) source.reclaim_idle(n);
+    return source.take_pages(n, out);
+  }
+
   void apply_forecast(const forecast* f) {
     for (auto& [id, r] : regions) r->rank = k_far;
+    forecast_applied = f != nullptr;
     if (!f) return;
     for (std::size_t i = 0; i < f->upcoming.size(); ++i) {
       auto it = regions.find(f->upcoming[i].region);
@@ -445,17 +505,7 @@ struct residency_engine::impl {
   }
 
   void policy_forecast(const forecast& f, std::size_t budget) {
-    // Transient usage: device bytes held that are not forecast regions (Note [Policy]).
-    std::size_t forecast_resident = 0;
-    for (auto& [id, r] : regions) {
-      if (r->rank != k_far && (r->state == region_residency::device || r->state == region_residency::moving_out)) {
-        forecast_resident += r->bytes;
-      }
-      if (r->mv && r->mv->to_device && r->rank != k_far) forecast_resident += r->bytes;
-    }
-    const std::size_t held = source.held_bytes() - std::min(source.held_bytes(), source.pooled_bytes());
-    const std::size_t transient = held - std::min(held, forecast_resident);
-    max_transient = std::max(max_transient, transient);
+    max_transient = std::max(max_transient, transient_bytes());
     const std::size_t capacity = budget > max_transient ? budget - max_transient : 0;
 
     // The wanted set: the forecast from the front, whole groups, within capacity and LAYERSWAP_PREFETCH.
@@ -489,22 +539,26 @@ struct residency_engine::impl {
       }
     }
 
-    std::size_t pages = free_pages();
-    std::size_t evicting = 0;  // pages that evictions in flight will free
+    // Room for the wanted regions still on the host: free pages, the allocator's idle cache, and what evictions
+    // in flight will free. Short of it, evict the resident forecast regions used farthest (Belady), all at once:
+    // an eviction waits for the launches already enqueued, so it must start well before its pages are needed.
+    std::size_t need = 0;
+    for (swap_region* r : order) {
+      if (r->state == region_residency::host && !r->mv) need += r->npages;
+    }
+    if (need == 0) return;
+    std::size_t room = free_pages() + source.idle_bytes() / gran;
     for (auto& [id, r] : regions) {
-      if (r->mv && !r->mv->to_device) evicting += r->npages;
+      if (r->mv && !r->mv->to_device) room += r->npages;
+    }
+    while (room < need) {
+      swap_region* victim = pick_victim(&wanted, true);
+      if (!victim || !start_evict(*victim, false)) break;
+      room += victim->npages;
     }
     for (swap_region* r : order) {
       if (r->state != region_residency::host || r->mv) continue;
-      if (pages >= r->npages) {
-        if (start_prefetch(*r)) pages -= r->npages;
-        continue;
-      }
-      if (evicting >= r->npages) break;  // room is on its way
-      swap_region* victim = pick_victim(&wanted, r->rank);
-      if (!victim) break;
-      if (start_evict(*victim, false)) evicting += victim->npages;
-      break;  // one region at a time: the next round sees the pages
+      if (!start_prefetch(*r)) break;  // in forecast order: the next round continues when pages are free
     }
   }
 
@@ -518,7 +572,7 @@ struct residency_engine::impl {
         if (start_prefetch(*r)) pages -= r->npages;
         continue;
       }
-      swap_region* victim = pick_victim(nullptr, k_far);
+      swap_region* victim = pick_victim(nullptr, false);
       if (victim && gate::last_use(victim->id) < gate::last_use(id)) start_evict(*victim, false);
       break;
     }
@@ -555,11 +609,14 @@ void residency_engine::start() {
   if (!m.options.thread || m.thread.joinable()) return;
   m.stopping = false;
   gate::set_counting(true);  // the tracker counts launches that found a region on the host (the hit rate)
+  gate::set_waiter_wake([](void* engine) { static_cast<residency_engine*>(engine)->wake(); }, this);
   m.thread = std::thread([this] {
     impl& e = *impl_;
     std::unique_lock lock(e.wake_mutex);
     while (!e.stopping) {
-      e.wake_cv.wait_for(lock, e.options.period, [&] { return e.stopping || e.woken; });
+      // While launches wait for a prefetch (Note [Waiting for a prefetch]), poll the moves far more often.
+      const auto period = gate::waiting() != 0 ? k_waited_period : e.options.period;
+      e.wake_cv.wait_for(lock, period, [&] { return e.stopping || e.woken; });
       if (e.stopping) break;
       e.woken = false;
       lock.unlock();
@@ -578,6 +635,7 @@ void residency_engine::start() {
 
 void residency_engine::stop() noexcept {
   impl& m = *impl_;
+  gate::clear_waiter_wake(this);
   {
     std::lock_guard lock(m.wake_mutex);
     m.stopping = true;
@@ -672,21 +730,27 @@ bool residency_engine::evict_sync_locked() {
   impl& m = *impl_;
   if (!m.active()) return false;  // Note [No tracker]
   for (auto& [id, r] : m.regions) m.settle(*r);
+  // The allocation this serves did not fit: the reserve for memory that cannot move was too small.
+  if (m.forecast_applied) m.max_transient = std::max(m.max_transient, m.transient_bytes() + m.gran);
+  // Forecast regions first (farthest next use); regions absent from the forecast only when none is left.
   // Victims refused by the gate are skipped for this call; each attempt either evicts or skips one region.
   std::unordered_set<region_id> refused;
-  for (;;) {
-    swap_region* victim = m.pick_victim(&refused, k_far);
-    if (!victim) return false;
-    const std::int64_t before = m.st.evictions;
-    if (!m.start_evict(*victim, true)) {
+  for (const bool forecast_only : {true, false}) {
+    for (;;) {
+      swap_region* victim = m.pick_victim(&refused, forecast_only);
+      if (!victim) break;
+      const std::int64_t before = m.st.evictions;
+      if (!m.start_evict(*victim, true)) {
+        refused.insert(victim->id);
+        continue;
+      }
+      for (event_handle e : victim->mv->fences) m.port.wait(e);
+      m.settle(*victim);
+      if (m.st.evictions != before) return true;
       refused.insert(victim->id);
-      continue;
     }
-    for (event_handle e : victim->mv->fences) m.port.wait(e);
-    m.settle(*victim);
-    if (m.st.evictions != before) return true;
-    refused.insert(victim->id);
   }
+  return false;
 }
 
 bool residency_engine::request_locked(swap_region* r, bool to_device) {
@@ -724,6 +788,10 @@ residency_stats residency_engine::stats_locked() const {
   const gate::launch_counts counts = gate::counts();
   s.launches_counted = counts.launches;
   s.launches_missed = counts.missed;
+  const gate::wait_counts waits = gate::waits();
+  s.launch_waits = waits.waits;
+  s.launch_wait_us = waits.ns / 1000;
+  s.launch_wait_timeouts = waits.timeouts;
   for (const auto& [id, r] : m.regions) {
     if (!r->live) continue;
     ++s.regions_swappable;

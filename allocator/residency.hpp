@@ -64,6 +64,9 @@ struct residency_stats {
   std::int64_t moves_in_flight = 0;
   std::uint64_t launches_counted = 0;  // launches with regions issued while the engine ran (process-wide)
   std::uint64_t launches_missed = 0;   // ... of which touched a region backed by host pages
+  std::uint64_t launch_waits = 0;      // launches that waited for a prefetch to land (process-wide)
+  std::uint64_t launch_wait_us = 0;    // ... the time they waited in all (the stall time of launches)
+  std::uint64_t launch_wait_timeouts = 0;  // ... of which gave up and ran on the host copy
   bool active = false;                 // whether the engine moves regions (a fed gate or without_tracker)
 };
 
@@ -82,6 +85,12 @@ class page_source {
   [[nodiscard]] virtual std::size_t budget() const = 0;
   [[nodiscard]] virtual std::size_t held_bytes() const = 0;    // device bytes held (mapped + pooled + in moves)
   [[nodiscard]] virtual std::size_t pooled_bytes() const = 0;  // unmapped pooled pages
+  // Device bytes in the allocator's cache: idle segments (freed, still mapped), which reclaim_idle() can free.
+  [[nodiscard]] virtual std::size_t idle_bytes() const = 0;
+  // Returns idle segments to the page pool, least recently freed first, until `n` pages are pooled, without a
+  // host wait: only segments whose streams' work is known complete; for the others an event is recorded so that a
+  // later call can take them. Returns the pages pooled afterwards.
+  virtual std::size_t reclaim_idle(std::size_t n) = 0;
   // Housekeeping the allocator does from the migration thread (retiring freed host-backed segments).
   virtual void maintain() = 0;
 };

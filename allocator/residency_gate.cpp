@@ -15,6 +15,7 @@
 #include "allocator/residency_gate.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <thread>
 
@@ -30,7 +31,8 @@ struct entry {
   std::atomic<std::uint32_t> remapping{0};
   std::atomic<std::uint64_t> sequence{0};
   std::atomic<std::uint64_t> last_use{0};
-  std::atomic<std::uint8_t> on_host{0};  // the VA is backed by host pages (hit rate only)
+  std::atomic<std::uint8_t> on_host{0};   // the VA is backed by host pages
+  std::atomic<std::uint8_t> incoming{0};  // a prefetch is in flight (Note [Waiting for a prefetch])
   std::atomic<std::uint8_t> large{0};    // a large segment's region (mark_large)
   std::atomic<std::uint8_t> freed{0};    // its allocation was freed at least once (note_freed)
 };
@@ -48,6 +50,40 @@ std::atomic<bool> g_counting{false};
 std::atomic<std::uint64_t> g_internal[k_max_internal_streams];  // 0 = free slot
 std::atomic<std::uint64_t> g_counted{0};
 std::atomic<std::uint64_t> g_missed{0};
+std::atomic<std::uint32_t> g_waiting{0};
+std::atomic<std::uint64_t> g_waits{0};
+std::atomic<std::uint64_t> g_wait_ns{0};
+std::atomic<std::uint64_t> g_wait_timeouts{0};
+std::mutex g_wake_mutex;  // guards the pair below (set rarely; read once per wait, off the fast path)
+void (*g_wake)(void*) = nullptr;
+void* g_wake_context = nullptr;
+
+// Note [Waiting for a prefetch]: sleeps in short slices until the prefetch of `e` lands or the limit passes.
+void wait_incoming(entry& e) noexcept {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  g_waiting.fetch_add(1);
+  {
+    std::lock_guard lock(g_wake_mutex);
+    if (g_wake) g_wake(g_wake_context);
+  }
+  bool timed_out = false;
+  for (unsigned spins = 0; e.incoming.load() != 0; ++spins) {
+    if (spins < 64) continue;
+    if (clock::now() - start > std::chrono::microseconds(k_incoming_wait_us)) {
+      timed_out = true;
+      break;
+    }
+    if (spins < 256) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(5));
+  }
+  g_waiting.fetch_sub(1);
+  g_waits.fetch_add(1, std::memory_order_relaxed);
+  if (timed_out) g_wait_timeouts.fetch_add(1, std::memory_order_relaxed);
+  g_wait_ns.fetch_add(static_cast<std::uint64_t>(
+                          std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - start).count()),
+                      std::memory_order_relaxed);
+}
 
 entry* find(region_id id) noexcept {
   if (id == k_unknown_region) return &g_unknown;
@@ -68,15 +104,17 @@ void prepare(region_id id) {
   g_chunks[c].store(new chunk(), std::memory_order_release);  // never freed (see the file comment)
 }
 
-void enter(region_id id) noexcept {
+bool enter(region_id id) noexcept {
   entry* e = find(id);
-  if (!e) return;
+  if (!e) return false;
+  if (e->incoming.load(std::memory_order_relaxed) != 0) wait_incoming(*e);
   e->issuing.fetch_add(1);  // seq_cst: Note [Gate handshake]
   // An unknown launch waits for every remap in progress; a known one for its region's.
   std::atomic<std::uint32_t>& flag = e == &g_unknown ? g_remapping : e->remapping;
   for (unsigned spins = 0; flag.load() != 0; ++spins) {
     if (spins >= 64) std::this_thread::yield();
   }
+  return e->on_host.load(std::memory_order_relaxed) != 0;
 }
 
 void exit(region_id id, std::uint64_t launch_no) noexcept {
@@ -125,6 +163,30 @@ void end_remap(region_id id) noexcept {
   if (!e || e == &g_unknown) return;
   g_remapping.fetch_sub(1);
   e->remapping.store(0);
+}
+
+void set_incoming(region_id id, bool incoming) noexcept {
+  if (entry* e = find(id); e && e != &g_unknown) e->incoming.store(incoming ? 1 : 0);
+}
+
+std::uint32_t waiting() noexcept { return g_waiting.load(std::memory_order_relaxed); }
+
+void set_waiter_wake(void (*wake)(void*), void* context) noexcept {
+  std::lock_guard lock(g_wake_mutex);
+  g_wake = wake;
+  g_wake_context = context;
+}
+
+void clear_waiter_wake(void* context) noexcept {
+  std::lock_guard lock(g_wake_mutex);
+  if (g_wake_context != context) return;
+  g_wake = nullptr;
+  g_wake_context = nullptr;
+}
+
+wait_counts waits() noexcept {
+  return {g_waits.load(std::memory_order_relaxed), g_wait_ns.load(std::memory_order_relaxed),
+          g_wait_timeouts.load(std::memory_order_relaxed)};
 }
 
 void mark_large(region_id id) noexcept {

@@ -10,6 +10,9 @@
 // until end_remap(). Launches enqueued before the snapshot are the engine's to wait for (an event recorded
 // on their streams after the snapshot).
 //
+// A launch that touches a region whose prefetch is in flight (set_incoming) waits in enter() for the prefetch to
+// land before it counts as issuing (Note [Waiting for a prefetch]).
+//
 //   launching thread                         engine
 //   enter(r): issuing += 1                   snapshot s = sequence(r); record events; copy; wait
 //             while remapping: wait          try_begin_remap(r, s): remapping = 1;
@@ -20,7 +23,8 @@
 // The per-region state lives in a table indexed by region id: fixed-size chunks reached through one
 // pointer array, created by prepare() off the hot path (when the allocator creates a region). enter() and
 // exit() on an id whose chunk does not exist do nothing. Every function is noexcept and lock-free except
-// enter()'s wait, which spins (then yields) only while that region is being remapped (tens of µs).
+// enter()'s waits: it spins (then yields) while that region is being remapped (tens of µs), and sleeps in short
+// slices while its prefetch is in flight (Note [Waiting for a prefetch]).
 #pragma once
 
 #include <cstdint>
@@ -37,13 +41,25 @@ namespace layerswap::residency_gate {
 //   the cure is to decode them.
 inline constexpr region_id k_unknown_region = 0xFFFFFFFFu;
 
+// Note [Waiting for a prefetch]
+//   A region on the host stays mapped, so a launch may always run on it; but a kernel reading its operands over
+//   PCIe (a GEMM re-reads its weight tiles many times) is far slower than the copy that brings the region in, and
+//   a launch issued during the prefetch makes the engine abandon it (the copy may be stale). So when the engine
+//   has a prefetch of the region in flight, enter() first waits for it to land (or be abandoned), at most
+//   k_incoming_wait, and only then counts the launch as issuing. The wait never blocks a remap: the launch is not
+//   issuing yet. The engine is woken (set_waiter_wake) so that it completes the move at once instead of at its
+//   next period. A wait that reaches the limit (the prefetch stuck behind work that never completes) lets the
+//   launch run on the host copy: slow, never wrong.
+inline constexpr std::uint64_t k_incoming_wait_us = 200'000;
+
 // Makes sure the table holds `id` (allocates a chunk the first time). Not for the hot path. Thread-safe.
 void prepare(region_id id);
 
 // ---- the tracker's side (hot path) ----
-// A launch that touches `id` is about to be enqueued: waits while `id` is being
-// remapped, then counts the launch as issuing.
-void enter(region_id id) noexcept;
+// A launch that touches `id` is about to be enqueued: waits while a prefetch of `id` is in flight (Note [Waiting
+// for a prefetch]), counts the launch as issuing, waits while `id` is being remapped. Returns whether `id` is
+// backed by host pages then (the hit rate).
+bool enter(region_id id) noexcept;
 // The launch that entered `id` is enqueued: bumps the region's use sequence, stamps its last use.
 void exit(region_id id, std::uint64_t launch_no) noexcept;
 
@@ -64,6 +80,20 @@ void set_fed(bool fed) noexcept;
 // otherwise changes nothing and returns false. A success must be followed by end_remap(id).
 [[nodiscard]] bool try_begin_remap(region_id id, std::uint64_t expected) noexcept;
 void end_remap(region_id id) noexcept;
+// A prefetch of `id` is in flight (true from its start until it lands or is abandoned).
+void set_incoming(region_id id, bool incoming) noexcept;
+// Launching threads waiting in enter() for a prefetch right now.
+[[nodiscard]] std::uint32_t waiting() noexcept;
+// Called (from the launching thread) when a launch starts waiting for a prefetch; null: nobody to wake.
+void set_waiter_wake(void (*wake)(void*), void* context) noexcept;
+// Clears the waker if `context` is the one set (an engine stopping).
+void clear_waiter_wake(void* context) noexcept;
+struct wait_counts {
+  std::uint64_t waits = 0;  // launches that waited for a prefetch
+  std::uint64_t ns = 0;     // total time they waited
+  std::uint64_t timeouts = 0;  // ... of which gave up after k_incoming_wait_us
+};
+[[nodiscard]] wait_counts waits() noexcept;
 
 // ---- persistent regions (the learner keys the step on them) ----
 // A large segment (its own region) is persistent until its allocation is first freed: parameters and optimizer

@@ -587,6 +587,10 @@ def layerswap_traffic(before, after, steps):
     if key and steps > 0:
         res["bytes_d2h_per_step"] = (fa[key] - fb.get(key, 0)) / steps
         res["sources"]["bytes_d2h_per_step"] = key
+    for name in ("launch_wait_s", "launch_waits", "stall_evictions", "abandoned"):
+        key = find(lambda k, n=name: k.endswith(n))
+        if key and steps > 0:
+            res[name + "_per_step"] = (fa[key] - fb.get(key, 0)) / steps
     key = find(lambda k: k.endswith("hit_rate"))
     if key:
         res["hit_rate"] = fa[key]
@@ -1073,6 +1077,9 @@ def fill_layerswap(c, ls, resident):
     c["bytes_h2d_per_step"] = traffic.get("bytes_h2d_per_step")
     c["bytes_d2h_per_step"] = traffic.get("bytes_d2h_per_step")
     c["hit_rate"] = traffic.get("hit_rate")
+    for name in ("launch_wait_s", "launch_waits", "stall_evictions", "abandoned"):
+        if traffic.get(name + "_per_step") is not None:
+            c[name + "_per_step"] = traffic[name + "_per_step"]
     c["stats_sources"] = traffic.get("sources")
     c["layerswap_stats"] = ls.get("layerswap_stats")
     c["layerswap_enabled_by"] = ls.get("enabled_by")

@@ -17,8 +17,8 @@
 //   A launch touching more regions than the decoder's region_set holds is re-decoded into the frame directly
 //   (add(), deduplicated by a scan of the frame: slow, and only for such launches).
 //
-// Gate is a type with static `enter(region_id)` and `exit(region_id, launch_no)` (noexcept): the residency gate
-// in production, a recorder in the unit tests. Constant-initializable, so a thread_local needs no guard.
+// Gate is a type with static `bool enter(region_id)` (true: the region is backed by host pages) and
+// `exit(region_id, launch_no)` (noexcept): the residency gate in production, a recorder in the unit tests. Constant-initializable, so a thread_local needs no guard.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +42,7 @@ class launch_gate {
       return;
     }
     frames_[depth_++] = frame{count_, 0};
+    on_host_ = false;
   }
 
   // Enters a region of the newest frame unless the frame already holds it. False when it was not entered:
@@ -82,6 +83,8 @@ class launch_gate {
     while (depth_ > 0) close();
   }
 
+  // Whether a region entered since the newest open() was backed by host pages when it was entered.
+  [[nodiscard]] bool touched_host() const noexcept { return on_host_; }
   [[nodiscard]] int depth() const noexcept { return depth_ + excess_depth_; }
   [[nodiscard]] int entered() const noexcept { return count_; }  // regions entered and not yet exited
   [[nodiscard]] std::uint64_t unguarded() const noexcept { return unguarded_; }
@@ -99,7 +102,7 @@ class launch_gate {
       ++unguarded_;
       return false;
     }
-    Gate::enter(id);
+    on_host_ = Gate::enter(id) || on_host_;
     ids_[count_++] = id;
     return true;
   }
@@ -108,6 +111,7 @@ class launch_gate {
   int count_ = 0;
   int depth_ = 0;
   int excess_depth_ = 0;
+  bool on_host_ = false;
   frame frames_[k_max_depth];
   std::uint64_t unguarded_ = 0;
   std::uint64_t deep_ = 0;

@@ -22,7 +22,7 @@ namespace layerswap::profiler {
 
 // The residency gate, as launch_gate calls it (Note [Gate bookkeeping]).
 struct residency_gate_calls {
-  static void enter(region_id id) noexcept { residency_gate::enter(id); }
+  static bool enter(region_id id) noexcept { return residency_gate::enter(id); }
   static void exit(region_id id, std::uint64_t launch_no) noexcept { residency_gate::exit(id, launch_no); }
 };
 
@@ -50,12 +50,11 @@ inline void add_pointer(region_set& set, std::uint64_t address) noexcept {
   if (const region_id id = region_map::lookup(address)) set.add(id);
 }
 
-// The hit rate, while a residency engine counts it: was one of the launch's regions backed by host pages?
-inline void count_residency(const region_set& regions) noexcept {
+// The hit rate, while a residency engine counts it: was one of the launch's regions backed by host pages when
+// the gate entered it (after any wait for its prefetch)?
+inline void count_residency(const region_set& regions, const thread_scratch& t) noexcept {
   if (regions.count == 0 || !residency_gate::counting()) return;
-  bool missed = false;
-  for (int i = 0; i < regions.count; ++i) missed = missed || residency_gate::on_host(regions.ids[i]);
-  residency_gate::count_launch(missed);
+  residency_gate::count_launch(t.gate.touched_host());
 }
 }  // namespace detail
 
@@ -86,7 +85,7 @@ inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn 
   t.gate.add_all(regions);
   // Arguments not read: the launch may touch any region (residency_gate.hpp, Note [Unknown launches]).
   if (reason != undecoded_reason::none) t.gate.add(residency_gate::k_unknown_region);
-  detail::count_residency(regions);
+  detail::count_residency(regions, t);
   if (regions.truncated) {  // more regions than the set holds: enter the rest too
     region_set rest;  // only its word count changes: lookup_into_gate returns 0
     if (args != nullptr) {
@@ -107,7 +106,7 @@ inline void record_copy(tracker_core& core, thread_scratch& t, launch_kind kind,
   detail::add_pointer(regions, dst);
   if (src != 0) detail::add_pointer(regions, src);
   t.gate.add_all(regions);
-  detail::count_residency(regions);
+  detail::count_residency(regions, t);
   t.gate.set_launch(core.record(kind, stream, 0, undecoded_reason::none, regions));
 }
 

@@ -390,9 +390,10 @@ struct fake_gate {
   static inline std::map<region_id, int> issuing;
   static inline std::vector<std::pair<region_id, std::uint64_t>> exits;
   static inline int enters = 0;
-  static void enter(region_id id) noexcept {
+  static bool enter(region_id id) noexcept {
     ++issuing[id];
     ++enters;
+    return false;
   }
   static void exit(region_id id, std::uint64_t launch_no) noexcept {
     --issuing[id];

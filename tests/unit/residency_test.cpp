@@ -262,6 +262,96 @@ TEST(Residency, PolicyPrefetchesInForecastOrderWithinTheBudget) {
   for (void* q : p) h.alloc.deallocate(q);
 }
 
+// The allocator's cache (freed segments, still mapped) is room for prefetches: the policy reclaims it without a
+// host wait, once an event says the segments' last launches are done.
+TEST(Residency, PolicyReclaimsTheIdleCacheForPrefetches) {
+  fixed_forecast f;
+  harness h(16 * MiB);
+  h.alloc.set_forecast_source(&f);
+  void* w0 = h.alloc.allocate(4 * MiB, h.s1);
+  void* w1 = h.alloc.allocate(4 * MiB, h.s1);
+  h.write(h.s1, w0, 4 * MiB, 0x31);
+  h.write(h.s1, w1, 4 * MiB, 0x32);
+  for (void* w : {w0, w1}) ASSERT_TRUE(h.alloc.request_evict(w));
+  h.alloc.residency_tick();
+  void* t = h.alloc.allocate(16 * MiB, h.s1);  // activations fill the budget, then go to the cache
+  h.write(h.s1, t, 16 * MiB, 0x01);
+  h.alloc.deallocate(t);
+  ASSERT_EQ(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
+  const std::int64_t waits = h.alloc.stats().num_host_waits;
+  f.set({harness::id_of(w0), harness::id_of(w1)});
+  for (int i = 0; i < 6; ++i) h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(w0), region_residency::device);
+  EXPECT_EQ(h.alloc.residency_of(w1), region_residency::device);
+  EXPECT_TRUE(h.holds(w0, 4 * MiB, 0x31));
+  EXPECT_TRUE(h.holds(w1, 4 * MiB, 0x32));
+  EXPECT_EQ(h.alloc.stats().num_host_waits, waits) << "the policy waited on the host to reclaim the cache";
+  EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
+  h.expect_clean();
+  for (void* w : {w0, w1}) h.alloc.deallocate(w);
+}
+
+// Memory that cannot move usefully (a live region absent from the forecast: an activation) is never the policy's
+// victim while forecast regions can make the room.
+TEST(Residency, PolicyEvictsForecastRegionsNotActivations) {
+  fixed_forecast f;
+  harness h(12 * MiB);
+  h.alloc.set_forecast_source(&f);
+  void* w0 = h.alloc.allocate(4 * MiB, h.s1);
+  void* w1 = h.alloc.allocate(4 * MiB, h.s1);
+  void* w2 = h.alloc.allocate(4 * MiB, h.s1);
+  for (auto [p, v] : {std::pair{w0, 1}, {w1, 2}, {w2, 3}}) h.write(h.s1, p, 4 * MiB, static_cast<std::uint8_t>(v));
+  for (void* w : {w1, w2}) ASSERT_TRUE(h.alloc.request_evict(w));
+  h.alloc.residency_tick();
+  void* act = h.alloc.allocate(4 * MiB, h.s1);
+  h.write(h.s1, act, 4 * MiB, 0x0a);
+  f.set({harness::id_of(w1), harness::id_of(w0), harness::id_of(w2)});
+  for (int i = 0; i < 4; ++i) h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(w1), region_residency::device);
+  EXPECT_EQ(h.alloc.residency_of(w0), region_residency::device);
+  // The step moves on: w2 is next, w0 is used last. w0 makes the room; the activation stays.
+  f.set({harness::id_of(w2), harness::id_of(w1), harness::id_of(w0)});
+  for (int i = 0; i < 6; ++i) h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(act), region_residency::device);
+  EXPECT_EQ(h.alloc.residency_of(w2), region_residency::device);
+  EXPECT_EQ(h.alloc.residency_of(w0), region_residency::host);
+  for (auto [p, v] : {std::pair{w0, 1}, {w1, 2}, {w2, 3}, {act, 0x0a}}) {
+    EXPECT_TRUE(h.holds(p, 4 * MiB, static_cast<std::uint8_t>(v)));
+  }
+  EXPECT_EQ(h.alloc.residency().stall_evictions, 0);
+  h.expect_clean();
+  for (void* p : {w0, w1, w2, act}) h.alloc.deallocate(p);
+}
+
+// Note [Unfenced prefetch]: a region no launch touched since its eviction has no pending work anywhere, so its
+// prefetch does not wait for the program's streams; one touched on the host waits for them.
+TEST(Residency, PrefetchOfAnUntouchedRegionDoesNotWaitForTheStreams) {
+  harness h(64 * MiB);
+  void* a = h.alloc.allocate(4 * MiB, h.s1);
+  void* b = h.alloc.allocate(4 * MiB, h.s1);
+  h.write(h.s1, a, 4 * MiB, 0x51);
+  h.write(h.s1, b, 4 * MiB, 0x52);
+  for (void* p : {a, b}) ASSERT_TRUE(h.alloc.request_evict(p));
+  h.alloc.residency_tick();
+  h.write(h.s2, b, 2 * MiB, 0x53);  // b is touched while on the host
+  const std::uint64_t busy = h.sim.launch_gate(h.s1);  // the program's streams are busy
+  const std::uint64_t busy2 = h.sim.launch_gate(h.s2);
+  ASSERT_TRUE(h.alloc.request_prefetch(a));
+  ASSERT_TRUE(h.alloc.request_prefetch(b));
+  h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::device) << "an untouched region's prefetch waited";
+  EXPECT_EQ(h.alloc.residency_of(b), region_residency::moving_in) << "a touched region's prefetch did not wait";
+  h.sim.open_gate(busy);
+  h.sim.open_gate(busy2);
+  h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(b), region_residency::device);
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 0x51));
+  EXPECT_TRUE(h.holds(b, 2 * MiB, 0x53));
+  EXPECT_TRUE(h.holds(static_cast<char*>(b) + 2 * MiB, 2 * MiB, 0x52));
+  h.expect_clean();
+  for (void* p : {a, b}) h.alloc.deallocate(p);
+}
+
 TEST(Residency, FreeingASwappedOutRegion) {
   harness h(32 * MiB);
   void* a = h.alloc.allocate(4 * MiB, h.s1);
@@ -577,6 +667,8 @@ TEST(ResidencyGate, EngineCopyStreamsAreInternal) {
     [[nodiscard]] std::size_t budget() const override { return 0; }
     [[nodiscard]] std::size_t held_bytes() const override { return 0; }
     [[nodiscard]] std::size_t pooled_bytes() const override { return 0; }
+    [[nodiscard]] std::size_t idle_bytes() const override { return 0; }
+    std::size_t reclaim_idle(std::size_t) override { return 0; }
     void maintain() override {}
   } pages;
   const stream_handle program = port.create_stream();
@@ -620,6 +712,69 @@ TEST(ResidencyGate, UnknownLaunchesBlockEveryRemap) {
   residency_gate::end_remap(id);
   launcher.join();
   EXPECT_TRUE(entered.load());
+}
+
+}  // namespace
+}  // namespace layerswap
+
+namespace layerswap {
+namespace {
+
+// Note [Waiting for a prefetch]: a launch touching a region whose prefetch is in flight waits in enter() until it
+// lands, without counting as issuing (the remap must be able to start), and the waker is called.
+TEST(ResidencyGate, LaunchWaitsForAnIncomingPrefetch) {
+  const region_id id = region_map::next_region_id();
+  residency_gate::prepare(id);
+  std::atomic<int> woken{0};
+  int context = 0;
+  residency_gate::set_waiter_wake([](void* c) { ++*static_cast<std::atomic<int>*>(c); }, &woken);
+  const residency_gate::wait_counts before = residency_gate::waits();
+  residency_gate::set_incoming(id, true);
+  residency_gate::set_on_host(id, true);
+  std::atomic<bool> entered{false};
+  std::atomic<bool> on_host{true};
+  std::thread launcher([&] {
+    on_host = residency_gate::enter(id);
+    entered = true;
+    residency_gate::exit(id, 1);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  EXPECT_FALSE(entered.load()) << "a launch was issued while its region's prefetch was in flight";
+  EXPECT_EQ(residency_gate::waiting(), 1u);
+  EXPECT_EQ(residency_gate::issuing(id), 0u) << "a waiting launch counts as issuing: the remap could never start";
+  EXPECT_GE(woken.load(), 1);
+  const std::uint64_t s = residency_gate::sequence(id);
+  ASSERT_TRUE(residency_gate::try_begin_remap(id, s));
+  residency_gate::set_on_host(id, false);
+  residency_gate::end_remap(id);
+  residency_gate::set_incoming(id, false);
+  launcher.join();
+  EXPECT_TRUE(entered.load());
+  EXPECT_FALSE(on_host.load()) << "the launch saw the region on the host after its prefetch landed";
+  const residency_gate::wait_counts after = residency_gate::waits();
+  EXPECT_EQ(after.waits, before.waits + 1);
+  EXPECT_GE(after.ns - before.ns, 30'000'000u);
+  EXPECT_EQ(after.timeouts, before.timeouts);
+  residency_gate::clear_waiter_wake(&context);  // not the registered one: no effect
+  residency_gate::clear_waiter_wake(&woken);
+}
+
+// A prefetch that never lands (stuck behind work that never completes) lets the launch run on the host copy.
+TEST(ResidencyGate, WaitForAPrefetchIsBounded) {
+  const region_id id = region_map::next_region_id();
+  residency_gate::prepare(id);
+  residency_gate::set_incoming(id, true);
+  residency_gate::set_on_host(id, true);
+  const residency_gate::wait_counts before = residency_gate::waits();
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(residency_gate::enter(id));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  residency_gate::exit(id, 1);
+  EXPECT_GE(waited, std::chrono::microseconds(residency_gate::k_incoming_wait_us));
+  EXPECT_LT(waited, std::chrono::seconds(5));
+  EXPECT_EQ(residency_gate::waits().timeouts, before.timeouts + 1);
+  residency_gate::set_incoming(id, false);
+  residency_gate::set_on_host(id, false);
 }
 
 }  // namespace

@@ -34,7 +34,9 @@
 //   may touch it must have completed: all of them were enqueued on the segment's stream before the segment
 //   became idle (recorded streams were waited for, Note [record_stream]). So the allocator records an
 //   event on that stream and waits for it. Each pool remembers the free epoch its last fence covered, so a
-//   burst of reclaims waits at most once per stream.
+//   burst of reclaims waits at most once per stream. With a residency engine, its thread also records fences
+//   without waiting (maintain(): one in flight per pool) and notes when they complete, so that a reclaim usually
+//   finds a segment already fenced and waits for nothing.
 //
 // Note [record_stream]
 //   A block used on other streams (Tensor.record_stream) is not returned at deallocate(): an event is
@@ -227,6 +229,7 @@ struct caching_allocator::impl final : detail::page_source {
   bool reclaim_one_locked();
   void fence_locked(segment* seg);
   void poll_fences_locked();
+  void start_fences_locked();
   void destroy_segment_locked(segment* seg);
   device_ptr reserve_va_locked(std::size_t npages);
   void release_va_locked(device_ptr va, std::size_t npages);
@@ -528,9 +531,18 @@ void caching_allocator::impl::destroy_segment_locked(segment* seg) {
   delete seg;
 }
 
+// Destroys one idle segment: the least recently freed one whose streams' work is known complete (no wait), else
+// the least recently freed one, after a fence (a host wait).
 bool caching_allocator::impl::reclaim_one_locked() {
+  if (!idle.head) return false;
+  poll_fences_locked();
+  for (segment* seg = idle.head; seg; seg = seg->idle_hook.next) {
+    if (seg->free_epoch > seg->pool->fenced_epoch) continue;
+    if (seg->swap && engine->moving_locked(seg->swap)) continue;
+    destroy_segment_locked(seg);
+    return true;
+  }
   segment* seg = idle.head;
-  if (!seg) return false;
   fence_locked(seg);
   destroy_segment_locked(seg);
   return true;
@@ -777,24 +789,31 @@ std::size_t caching_allocator::impl::reclaim_idle(std::size_t n) {
   segment* seg = idle.head;
   while (seg && idle_pages.size() < n) {
     segment* next = seg->idle_hook.next;
-    stream_pool* pool = seg->pool;
-    if (seg->swap && engine->moving_locked(seg->swap)) {
-      // A cancelled move still in flight (Note [Freeing a moved region]): destroying would wait for it.
-    } else if (seg->free_epoch <= pool->fenced_epoch) {
+    if (seg->free_epoch <= seg->pool->fenced_epoch && !(seg->swap && engine->moving_locked(seg->swap))) {
       destroy_segment_locked(seg);  // its pages join idle_pages
-    } else if (!pool->fence_event) {
-      pool->fence_event = take_event_locked();
-      pool->fence_epoch = epoch;
-      port.record(pool->fence_event, pool->stream);
     }
     seg = next;
   }
+  start_fences_locked();
   return idle_pages.size();
+}
+
+// An asynchronous fence on each pool that has idle segments not yet fenced (Note [Unmap fences]), so that
+// reclaim_one_locked() and reclaim_idle() find them reclaimable without a host wait.
+void caching_allocator::impl::start_fences_locked() {
+  for (segment* seg = idle.head; seg; seg = seg->idle_hook.next) {
+    stream_pool* pool = seg->pool;
+    if (pool->fence_event || seg->free_epoch <= pool->fenced_epoch) continue;
+    pool->fence_event = take_event_locked();
+    pool->fence_epoch = epoch;
+    port.record(pool->fence_event, pool->stream);
+  }
 }
 
 void caching_allocator::impl::maintain() {
   if (!pending.empty()) process_pending_locked(false);
   poll_fences_locked();
+  start_fences_locked();
   if (retiring.empty()) return;
   std::vector<segment*> ready;
   for (auto& [seg, e] : retiring) {

@@ -46,13 +46,13 @@
 //   most LAYERSWAP_PREFETCH regions (auto: no count limit). The reserve is the largest "transient" usage seen:
 //   device bytes held that no move can free (live activations, partly used slabs, live regions absent from the
 //   forecast), that is held less pooled pages, less the allocator's idle cache, less forecast regions' pages; an
-//   allocation that had to evict synchronously raises it to what that moment needed. Room for the wanted regions
-//   on the host is free pages (pooled, budget headroom), the allocator's idle cache (reclaimed without a host
-//   wait: page_source::reclaim_idle) and evictions in flight; when it is short, the resident, unpinned, unwanted
-//   forecast regions with the farthest next use are evicted (Belady; ties by least recent use), as many as the
-//   shortfall needs, at once: an eviction waits for the launches already enqueued (its fences), so it has to
-//   start long before its pages are needed. Wanted regions on the host are then prefetched in forecast order as
-//   pages allow. Regions absent from the forecast are never the policy's victims (DESIGN.md invariant 6: memory
+//   allocation that had to evict synchronously raises it to what that moment needed. Forecast regions on the
+//   device or coming in may hold at most capacity = budget - reserve: when the wanted regions on the host do not
+//   fit beside them, the resident, unpinned, unwanted forecast regions with the farthest next use are evicted
+//   (Belady; ties by least recent use), as many as that takes, at once: an eviction waits for the launches
+//   already enqueued (its fences), so it has to start long before its pages are needed. Wanted regions on the
+//   host are then prefetched in forecast order within the capacity, as pages allow: free pages (pooled, budget
+//   headroom), else the allocator's idle cache, reclaimed without a host wait (page_source::reclaim_idle). Regions absent from the forecast are never the policy's victims (DESIGN.md invariant 6: memory
 //   that cannot move comes first); only an allocation under pressure evicts them, and only when no forecast region
 //   is left. Without a forecast (none, or not learned): a region on host that a launch touched since its
 //   eviction is brought back, evicting the least recently used resident region if needed. Pinned regions
@@ -539,26 +539,30 @@ struct residency_engine::impl {
       }
     }
 
-    // Room for the wanted regions still on the host: free pages, the allocator's idle cache, and what evictions
-    // in flight will free. Short of it, evict the resident forecast regions used farthest (Belady), all at once:
-    // an eviction waits for the launches already enqueued, so it must start well before its pages are needed.
+    // Forecast regions on the device (or coming in) may hold at most `capacity`: the rest of the budget is the
+    // reserve. When the wanted regions still on the host do not fit beside what is committed, or the commitment
+    // already exceeds the capacity (the reserve grew), evict the resident forecast regions used farthest
+    // (Belady), as many as that takes, at once: an eviction waits for the launches already enqueued (its
+    // fences), so it has to start long before its pages are needed.
+    std::size_t committed = 0;
+    for (auto& [id, r] : regions) {
+      if (r->rank == k_far || !r->live) continue;
+      if (r->state == region_residency::device || r->state == region_residency::moving_in) committed += r->bytes;
+    }
     std::size_t need = 0;
     for (swap_region* r : order) {
-      if (r->state == region_residency::host && !r->mv) need += r->npages;
+      if (r->state == region_residency::host && !r->mv) need += r->bytes;
     }
-    if (need == 0) return;
-    std::size_t room = free_pages() + source.idle_bytes() / gran;
-    for (auto& [id, r] : regions) {
-      if (r->mv && !r->mv->to_device) room += r->npages;
-    }
-    while (room < need) {
+    while (committed + need > capacity) {
       swap_region* victim = pick_victim(&wanted, true);
       if (!victim || !start_evict(*victim, false)) break;
-      room += victim->npages;
+      committed -= std::min(committed, victim->bytes);
     }
+    // Prefetch in forecast order within the capacity, as pages allow (free ones, else the idle cache).
     for (swap_region* r : order) {
       if (r->state != region_residency::host || r->mv) continue;
-      if (!start_prefetch(*r)) break;  // in forecast order: the next round continues when pages are free
+      if (committed + r->bytes > capacity || !start_prefetch(*r)) break;  // the next round continues
+      committed += r->bytes;
     }
   }
 

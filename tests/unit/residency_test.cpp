@@ -291,6 +291,45 @@ TEST(Residency, PolicyReclaimsTheIdleCacheForPrefetches) {
   for (void* w : {w0, w1}) h.alloc.deallocate(w);
 }
 
+// Forecast regions never hold more than the budget less the reserve for memory that cannot move, even when the
+// cache has free pages: the next step's activations find their room without evicting anything synchronously.
+TEST(Residency, PolicyKeepsTheReserveForActivations) {
+  fixed_forecast f;
+  harness h(16 * MiB);
+  h.alloc.set_forecast_source(&f);
+  std::vector<void*> w;
+  for (int i = 0; i < 4; ++i) {
+    w.push_back(h.alloc.allocate(4 * MiB, h.s1));
+    h.write(h.s1, w.back(), 4 * MiB, static_cast<std::uint8_t>(0x40 + i));
+    ASSERT_TRUE(h.alloc.request_evict(w.back()));
+    h.alloc.residency_tick();
+  }
+  auto ids = [&](std::initializer_list<int> order) {
+    std::vector<region_id> out;
+    for (int i : order) out.push_back(harness::id_of(w[static_cast<std::size_t>(i)]));
+    return out;
+  };
+  void* act = h.alloc.allocate(8 * MiB, h.s1);  // the step's activations: 8 MiB that cannot move
+  h.write(h.s1, act, 8 * MiB, 0x01);
+  f.set(ids({0, 1, 2, 3}));
+  for (int i = 0; i < 4; ++i) h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(w[0]), region_residency::device);
+  EXPECT_EQ(h.alloc.residency_of(w[1]), region_residency::device);
+  h.alloc.deallocate(act);  // the step ends: its activations go to the cache
+  f.set(ids({2, 3, 0, 1}));  // the next layers come up
+  for (int i = 0; i < 8; ++i) h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(w[2]), region_residency::device);
+  EXPECT_EQ(h.alloc.residency_of(w[3]), region_residency::device);
+  EXPECT_EQ(h.alloc.residency_of(w[0]), region_residency::host) << "forecast regions took the activations' room";
+  EXPECT_EQ(h.alloc.residency_of(w[1]), region_residency::host);
+  act = h.alloc.allocate(8 * MiB, h.s1);
+  EXPECT_EQ(h.alloc.residency().stall_evictions, 0) << "the activations had to evict synchronously";
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(h.holds(w[static_cast<std::size_t>(i)], 4 * MiB, 0x40 + i));
+  h.expect_clean();
+  h.alloc.deallocate(act);
+  for (void* p : w) h.alloc.deallocate(p);
+}
+
 // Memory that cannot move usefully (a live region absent from the forecast: an activation) is never the policy's
 // victim while forecast regions can make the room.
 TEST(Residency, PolicyEvictsForecastRegionsNotActivations) {

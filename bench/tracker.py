@@ -1,22 +1,37 @@
 """The launch tracker on a GPU: overhead per launch (PyTorch and C++) and coverage of one training step.
 
-    python bench/tracker.py [--gtest-bin build/tests/layerswap_gpu_tests] [--out bench/results/tracker.json]
+    python bench/tracker.py [--processes 8] [--sides off,driver] [--cpu 2] [--out bench/results/tracker.json]
 
 Each measurement runs in a fresh subprocess (CUPTI state and torch's caches do not leak between them):
-  1. torch loop: runs of 20,000 `a.add_(1)` on a 16-element tensor, layerswap enabled; median microseconds per op.
-     Sides (docs/tracker.md, "What it costs"):
+  1. torch loop: blocks of 20,000 `a.add_(1)` on a 16-element tensor (launch-bound: the time is the CPU's time
+     to issue), layerswap enabled; microseconds per op. Sides (docs/tracker.md, "What it costs"):
        off                    LAYERSWAP_TRACK=0: CUPTI never loaded (its own processes)
        paused                 the tracker paused (CUPTI loaded once, unsubscribed)
        subscribe-only-both    CUPTI subscribed with the tracker's callbacks, runtime and driver, doing nothing
        subscribe-only-driver  the same, driver callbacks only
-       both                   the tracker, LAYERSWAP_TRACK_API=both (the default)
-       driver                 the tracker, LAYERSWAP_TRACK_API=driver
-     All but `off` run in one process, switched between runs (pause, mode, resume) in an order that rotates every
-     round; --procs processes of them alternate with --procs processes of `off`. Reported per side: the median of
-     all runs, and the median, min and max of the per-process medians (the spread between processes).
-     subscribe-only minus off is CUPTI's own cost; both (driver) minus subscribe-only-both (-driver) is ours.
+       both                   the tracker, LAYERSWAP_TRACK_API=both
+       driver                 the tracker, LAYERSWAP_TRACK_API=driver (the package's default)
+     Note [Process noise]: two processes of the same side differed by 3 us per op on the H100 (core placement,
+     boost state), more than the 1 us the tracker may add. So every measuring process is treated alike:
+       - its launching thread is pinned to one fixed core (--cpu, default 2), and its other threads (the tracker's
+         consumer, CUDA's and torch's helpers) to the other cores minus that core's SMT siblings, re-checked
+         before every block (--pin process puts every thread on the one core instead);
+       - it warms the GPU and the core up (--warmup-s of continuous launches) before timing, and launches 1,000
+         untimed ops after every switch of side;
+       - it times --blocks blocks per side (median per process; garbage collection off while timing).
+     Headline processes run strictly alternating: off, driver, off, driver, ... (--processes of each). A driver
+     process starts in the package's default mode (LAYERSWAP_TRACK_API unset; checked to be `driver`) and
+     alternates blocks of the tracker on and paused. Three estimates of the added time per launch:
+       added_us_per_launch_torch             median of driver process medians - median of off process medians
+       added_us_per_launch_torch_paired      median over every adjacent (off, driver) process pair of driver - off
+       added_us_per_launch_torch_in_process  median over driver processes of (driver blocks - paused blocks)
+     and torch_paused_minus_off checks that paused is a fair stand-in for off. Breakdown processes
+     (--breakdown-processes, after the headline ones, while --torch-budget-s lasts) rotate in one process through
+     paused, the other sides of --sides and driver, the order rotating every round; their costs are in-process
+     differences: subscribe-only minus paused is CUPTI's own cost, driver (both) minus subscribe-only is ours.
   2. C++ loop: the GPU tests *TrackerGpu* (an empty kernel through cudaLaunchKernel in every mode against the
-     tracker paused, interleaved in one process: TRACKER_CPP_US_PER_LAUNCH, TRACKER_CPP_SIDE; the coverage of every
+     tracker paused, interleaved in one process: TRACKER_CPP_US_PER_LAUNCH, whose `with` side is `both`;
+     TRACKER_CPP_SIDE per mode, `driver` reported as added_us_per_launch_cpp_driver; the coverage of every
      runtime and driver path in both modes: TRACKER_API_COVERAGE; the clock's cost: TRACKER_CLOCK).
   3. one training step (token embedding, a transformer block with SDPA in bf16, a Conv2d branch on cuDNN, Linear
      layers large enough for cuBLASLt's nvjet kernels, a torch.compile'd MLP (Triton), AdamW foreach=True on some
@@ -25,25 +40,91 @@ Each measurement runs in a fresh subprocess (CUPTI state and torch's caches do n
      each phase. A launch counts as decoded when its arguments were read (a layout, an extra buffer, or a word
      that matched a region). Kernel families with launches where no argument resolved to a region are listed. Run
      twice: LAYERSWAP_TRACK_API=both (the headline decoded_fraction) and =driver (train_driver in the JSON).
-Writes bench/results/tracker.json and prints a table. Needs layerswap importable (pip install .) and a GPU.
+Writes bench/results/tracker.json (every block's time included) and prints progress and a table. About 3 to 4
+minutes on an H100 with the defaults (the torch loop starts no process that would end past --torch-budget-s).
+Needs layerswap importable (pip install .) and a GPU; the parent process imports neither torch nor layerswap.
 """
 
 import argparse
+import gc
 import json
 import os
 import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+HEADLINE = "driver"  # LAYERSWAP_TRACK_API's default (runtime/config.cpp); a driver process checks it starts in it
+
+
+# ---------------------------------------------------------------------------------------------- CPU pinning
+
+def parse_cpus(text):
+    """'0-3,8' -> {0, 1, 2, 3, 8} (the kernel's cpu list format)."""
+    cpus = set()
+    for part in text.strip().split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            cpus.update(range(int(lo), int(hi) + 1))
+        elif part:
+            cpus.add(int(part))
+    return cpus
+
+
+def format_cpus(cpus):
+    """{0, 1, 2, 3, 8} -> '0-3,8'."""
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(c)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def cpu_siblings(cpu):
+    """The SMT siblings of a core (itself included); just the core when sysfs does not say."""
+    try:
+        return parse_cpus(Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text())
+    except (OSError, ValueError):
+        return {cpu}
+
+
+def pin_plan(cpu, pin):
+    """The cores for the launching thread and for every other thread of a measuring process."""
+    allowed = os.sched_getaffinity(0)
+    if cpu not in allowed:
+        raise SystemExit(f"--cpu {cpu} is not one of this process's cores ({format_cpus(allowed)}): pick one of them")
+    if pin == "process":
+        return {cpu}
+    others = allowed - cpu_siblings(cpu) - {cpu}
+    return others or (allowed - {cpu}) or {cpu}
+
+
+def pin_threads(cpu, others):
+    """The calling (launching) thread onto `cpu`, every other thread of the process onto `others` (Linux: a
+    thread's affinity is its own; threads inherit their creator's). Returns the number of threads."""
+    me = threading.get_native_id()
+    os.sched_setaffinity(0, {cpu})  # pid 0: the calling thread
+    tids = [int(t) for t in os.listdir("/proc/self/task")]
+    for tid in tids:
+        if tid != me:
+            try:
+                os.sched_setaffinity(tid, others)
+            except OSError:  # the thread has exited since
+                pass
+    return len(tids)
 
 
 # ---------------------------------------------------------------------------------------------- children
 
-SIDES = {  # name: (paused, api, subscribe_only)
+SIDES = {  # name: (paused, api, subscribe_only); "off" is a process of its own (LAYERSWAP_TRACK=0)
     "paused": (True, "both", False),
     "subscribe-only-both": (False, "both", True),
     "subscribe-only-driver": (False, "driver", True),
@@ -52,14 +133,22 @@ SIDES = {  # name: (paused, api, subscribe_only)
 }
 
 
-def child_torch_loop(sides, rounds):
+def child_torch_loop(args):
+    """Times blocks of the sides in args.sides, rotating their order every round (see Note [Process noise])."""
+    sides = args.sides.split(",")
+    others = parse_cpus(args.other_cpus)
+    os.sched_setaffinity(0, {args.cpu} if args.pin == "process" else others)  # before any thread exists
     import torch
     import layerswap
     from layerswap import tracker
 
     layerswap.enable()
     ext = tracker._C()
-    n = 20_000
+    tracked = sides != ["off"]
+    start_mode = dict(ext.tracker_mode()) if tracked else None
+    if tracked and not tracker.is_active():
+        raise SystemExit(f"the tracker did not start: {tracker.stats().get('problem')}")
+    api_default = next((s.default for s in layerswap.settings() if s.name == "LAYERSWAP_TRACK_API"), None)
     a = torch.zeros(16, device="cuda")
 
     def switch(side):
@@ -76,31 +165,46 @@ def child_torch_loop(sides, rounds):
         mode = ext.tracker_mode()
         assert (mode["api"], mode["subscribe_only"]) == (api, subscribe_only), (side, mode)
 
-    def run():
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+    def launch(n):
         for _ in range(n):
             a.add_(1)
-        t1 = time.perf_counter()
         torch.cuda.synchronize()
-        return (t1 - t0) / n * 1e6
 
-    for side in sides:  # warm-up: each mode once
-        switch(side)
-        for _ in range(2000):
-            a.add_(1)
+    def timed():
+        gc.collect()
+        gc.disable()
         torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(args.n):
+            a.add_(1)
+        t1 = time.perf_counter_ns()
+        torch.cuda.synchronize()
+        gc.enable()
+        return (t1 - t0) / args.n / 1e3
+
+    threads = pin_threads(args.cpu, others)
+    for side in sides:  # each mode once (the layout cache, lazy module loading), then the GPU and the core warm
+        switch(side)
+        launch(2000)
+    switch(sides[0])
+    t_end = time.perf_counter() + args.warmup_s
+    while time.perf_counter() < t_end:
+        launch(1000)
     per_side = {side: [] for side in sides}
-    for r in range(rounds):
+    for r in range(args.blocks):
         for i in range(len(sides)):
             side = sides[(i + r) % len(sides)]
             switch(side)
-            per_side[side].append(run())
-            layerswap.tracker.drain()  # keep the recent buffer small (as a learner would consume it)
+            threads = max(threads, pin_threads(args.cpu, others))  # threads started since inherit the launcher's core
+            launch(1000)
+            per_side[side].append(timed())
+            tracker.drain()  # keep the recent buffer small (as a learner would consume it)
     st = tracker.stats()
-    print("RESULT " + json.dumps({"us_per_op": per_side, "active": True,  # every switch() succeeded
-                                  "launches": st.get("launches", 0), "dropped": st.get("dropped", 0),
-                                  "problem": st.get("problem", "")}), flush=True)
+    print("RESULT " + json.dumps({
+        "us_per_op": per_side, "start_mode": start_mode, "api_default": api_default, "threads": threads,
+        "launcher_cpus": format_cpus(os.sched_getaffinity(0)), "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__, "launches": st.get("launches", 0), "dropped": st.get("dropped", 0),
+        "problem": st.get("problem", "")}), flush=True)
 
 
 def family(name):
@@ -262,8 +366,8 @@ def child_train():
 
 # ---------------------------------------------------------------------------------------------- driver
 
-def run_child(kind, env_extra, timeout, extra_args=()):
-    env = dict(os.environ)
+def run_child(kind, env_extra, timeout, extra_args=(), env_drop=()):
+    env = {k: v for k, v in os.environ.items() if k not in env_drop}
     env.update(env_extra)
     proc = subprocess.run([sys.executable, __file__, "--child", kind, *extra_args], env=env, capture_output=True,
                           text=True, timeout=timeout)
@@ -294,74 +398,231 @@ def run_cpp(gtest_bin):
     return out
 
 
+def spread(values):
+    """Median, quartiles, min, max and max - min of a list."""
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return {"median": round(q[1], 4), "q1": round(q[0], 4), "q3": round(q[2], 4), "min": round(min(values), 4),
+            "max": round(max(values), 4), "spread": round(max(values) - min(values), 4), "n": len(values)}
+
+
+def rounded(values):
+    return [round(v, 4) for v in values]
+
+
+def run_torch_loop(args, log):
+    """Note [Process noise]: the headline processes (off, driver, off, driver, ...), then the breakdown processes.
+    Returns the JSON fields of the torch loop."""
+    breakdown = [s for s in args.sides.split(",") if s not in ("off", HEADLINE)]
+    others = pin_plan(args.cpu, args.pin)
+    base = {"LAYERSWAP": "1", "LAYERSWAP_TRACE": "none"}
+    common = ["--blocks", str(args.blocks), "--n", str(args.n), "--warmup-s", str(args.warmup_s),
+              "--cpu", str(args.cpu), "--other-cpus", format_cpus(others), "--pin", args.pin]
+    kinds = {  # kind: (env, sides timed in the process)
+        "off": ({**base, "LAYERSWAP_TRACK": "0"}, ["off"]),
+        HEADLINE: ({**base, "LAYERSWAP_TRACK": "1"}, [HEADLINE, "paused"]),
+        "breakdown": ({**base, "LAYERSWAP_TRACK": "1"}, list(dict.fromkeys(["paused", *breakdown, HEADLINE]))),
+    }
+    log(f"torch loop: launching thread on cpu {args.cpu}, other threads on {format_cpus(others)} (--pin {args.pin}); "
+        f"{args.processes} x (off, {HEADLINE}) processes, then {args.breakdown_processes if breakdown else 0} "
+        f"breakdown processes ({', '.join(kinds['breakdown'][1])}); budget {args.torch_budget_s:.0f} s")
+    t0 = time.time()
+    procs = []  # one entry per process, in the order they ran
+
+    def run(kind):
+        env, sides = kinds[kind]
+        t = time.time()
+        r = run_child("torch-loop", env, 240, ["--sides", ",".join(sides), *common], env_drop=("LAYERSWAP_TRACK_API",))
+        if kind == HEADLINE and (r["start_mode"] != {"api": HEADLINE, "subscribe_only": False}
+                                 or r["api_default"] != HEADLINE):
+            raise SystemExit(f"the tracker started in {r['start_mode']} (LAYERSWAP_TRACK_API default "
+                             f"{r['api_default']!r}), not in {HEADLINE!r}: update HEADLINE in bench/tracker.py")
+        if r["dropped"]:
+            log(f"  warning: the {kind} process dropped {r['dropped']} events")
+        medians = {side: statistics.median(v) for side, v in r["us_per_op"].items()}
+        procs.append({"index": len(procs), "kind": kind, "wall_s": round(time.time() - t, 2),
+                      "threads": r["threads"], "launcher_cpus": r["launcher_cpus"], "medians": medians,
+                      "us_per_op": {side: rounded(v) for side, v in r["us_per_op"].items()},
+                      "device": r["device"], "torch": r["torch"]})
+        log(f"  process {len(procs):2d} {kind:<9} "
+            + ", ".join(f"{side} {m:.3f}" for side, m in medians.items())
+            + f" us/op (median of {args.blocks}); {procs[-1]['wall_s']:.1f} s")
+        return procs[-1]
+
+    pairs = 0
+    while pairs < args.processes:
+        per_pair = (time.time() - t0) / pairs if pairs else 0.0
+        if pairs >= 2 and time.time() - t0 + per_pair > args.torch_budget_s:
+            log(f"  the budget of {args.torch_budget_s:.0f} s would be passed: stopping after {pairs} pairs")
+            break
+        run("off")
+        run(HEADLINE)
+        pairs += 1
+    on_procs = [p for p in procs if p["kind"] == HEADLINE]
+    on_us = statistics.median(p["medians"][HEADLINE] for p in on_procs)
+    skipped_breakdown = 0
+    if breakdown:
+        for i in range(args.breakdown_processes):
+            # a breakdown process: a driver process plus the blocks of its other sides
+            per_proc = (statistics.mean(p["wall_s"] for p in on_procs)
+                        + (len(kinds["breakdown"][1]) - 2) * args.blocks * (args.n * on_us * 1e-6 + 0.05))
+            if time.time() - t0 + per_proc > args.torch_budget_s:
+                skipped_breakdown = args.breakdown_processes - i
+                log(f"  the budget of {args.torch_budget_s:.0f} s would be passed: {skipped_breakdown} breakdown "
+                    f"processes skipped")
+                break
+            run("breakdown")
+
+    def medians_of(kind, side):
+        return [p["medians"][side] for p in procs if p["kind"] == kind]
+
+    def blocks_of(kind, side):
+        return [p["us_per_op"][side] for p in procs if p["kind"] == kind]
+
+    off_med = statistics.median(medians_of("off", "off"))
+    sides = {}
+    for kind, side in (("off", "off"), (HEADLINE, HEADLINE), (HEADLINE, "paused")):
+        m = medians_of(kind, side)
+        s = spread(m)
+        sides[side] = {"us_per_op": s["median"], "added_vs_off": round(s["median"] - off_med, 4),
+                       "process_medians": rounded(m), "process_spread": s["spread"],
+                       "process_quartiles": [s["q1"], s["q3"]], "processes": len(m),
+                       "runs": sum(len(b) for b in blocks_of(kind, side)), "blocks": blocks_of(kind, side)}
+    sides["paused"]["from"] = f"the {HEADLINE} processes, alternating with {HEADLINE} blocks"
+
+    headline = [p for p in procs if p["kind"] in ("off", HEADLINE)]  # strictly alternating, off first
+    pair_rows = []
+    for a, b in zip(headline, headline[1:]):
+        off_p, on_p = (a, b) if a["kind"] == "off" else (b, a)
+        pair_rows.append({"processes": [a["index"], b["index"]], "order": f"{a['kind']},{b['kind']}",
+                          "off": round(off_p["medians"]["off"], 4), HEADLINE: round(on_p["medians"][HEADLINE], 4),
+                          "diff": round(on_p["medians"][HEADLINE] - off_p["medians"]["off"], 4)})
+    diffs = [r["diff"] for r in pair_rows]
+    paired = {**spread(diffs), "pairs_over_1us": sum(d > 1.0 for d in diffs), "pairs": pair_rows}
+    for order in (f"off,{HEADLINE}", f"{HEADLINE},off"):
+        d = [r["diff"] for r in pair_rows if r["order"] == order]
+        paired[f"median_{order.replace(',', '_then_')}"] = round(statistics.median(d), 4) if d else None
+
+    in_proc = [p["medians"][HEADLINE] - p["medians"]["paused"] for p in procs if p["kind"] == HEADLINE]
+    in_process = {**spread(in_proc), "process_diffs": rounded(in_proc)}
+
+    breakdown_rows, cost = {}, {}
+    bprocs = [p for p in procs if p["kind"] == "breakdown"]
+    if bprocs:
+        def added(side, ref):
+            return [p["medians"][side] - p["medians"][ref] for p in bprocs]
+
+        for side in kinds["breakdown"][1]:
+            m = medians_of("breakdown", side)
+            d = added(side, "paused")
+            breakdown_rows[side] = {"us_per_op": round(statistics.median(m), 4),
+                                    "added_vs_paused_in_process": round(statistics.median(d), 4),
+                                    "process_added_vs_paused": rounded(d), "process_medians": rounded(m),
+                                    "added_vs_off": round(statistics.median(m) - off_med, 4),
+                                    "blocks": blocks_of("breakdown", side)}
+        for api in ("both", "driver"):
+            if api in breakdown_rows and f"subscribe-only-{api}" in breakdown_rows:
+                cost[api] = {"cupti_us": round(statistics.median(added(f"subscribe-only-{api}", "paused")), 4),
+                             "ours_us": round(statistics.median(added(api, f"subscribe-only-{api}")), 4),
+                             "total_us": round(statistics.median(added(api, "paused")), 4)}
+
+    with_us = sides[HEADLINE]["us_per_op"]
+    return {
+        "device": procs[0]["device"], "torch": procs[0]["torch"],
+        "added_us_per_launch_torch": round(with_us - off_med, 4),
+        "added_us_per_launch_torch_paired": paired["median"],
+        "added_us_per_launch_torch_in_process": in_process["median"],
+        "torch_paused_minus_off": sides["paused"]["added_vs_off"],
+        "torch_headline_side": HEADLINE,
+        "torch_us_per_op_with_tracker": with_us,
+        "torch_us_per_op_without_tracker": round(off_med, 4),
+        "torch_sides": sides,
+        "torch_paired": paired,
+        "torch_in_process": in_process,
+        "torch_breakdown_sides": breakdown_rows,
+        "torch_cost_breakdown": cost,
+        "torch_setup": {"cpu": args.cpu, "other_cpus": format_cpus(others), "pin": args.pin, "n": args.n,
+                        "blocks": args.blocks, "warmup_s": args.warmup_s, "processes_asked": args.processes,
+                        "pairs_run": pairs, "breakdown_processes_run": len(bprocs),
+                        "breakdown_processes_skipped": skipped_breakdown, "budget_s": args.torch_budget_s,
+                        "seconds": round(time.time() - t0, 1)},
+        "torch_processes": [{k: v for k, v in p.items() if k not in ("us_per_op", "device", "torch")}
+                            | {"medians": {s: round(m, 4) for s, m in p["medians"].items()}} for p in procs],
+    }
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--child")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Defaults take about 3 to 4 minutes on "
+                                 "an H100, the torch loop at most about --torch-budget-s.")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--gtest-bin", default=str(REPO / "build" / "tests" / "layerswap_gpu_tests"))
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "tracker.json"))
-    ap.add_argument("--sides", default=",".join(SIDES), help="torch-loop sides measured in one process")
-    ap.add_argument("--procs", type=int, default=3, help="processes per torch-loop group")
-    ap.add_argument("--rounds", type=int, default=7, help="runs per side in each torch-loop process")
+    ap.add_argument("--sides", default=",".join(["off", *SIDES]),
+                    help=f"torch-loop sides: off and {HEADLINE} (the headline, always measured) and any of "
+                         f"{', '.join(s for s in SIDES if s != HEADLINE)} (breakdown processes); "
+                         f"'--sides off,{HEADLINE}' runs no breakdown processes (default: all)")
+    ap.add_argument("--processes", type=int, default=8, help=f"processes of each headline side, off and {HEADLINE}, "
+                    "run alternating (default 8)")
+    ap.add_argument("--breakdown-processes", type=int, default=2,
+                    help="processes timing every side of --sides in one process, after the headline (default 2)")
+    ap.add_argument("--blocks", type=int, default=6, help="timed blocks per side in each process (default 6)")
+    ap.add_argument("--n", type=int, default=20_000, help="ops per timed block (default 20000)")
+    ap.add_argument("--warmup-s", type=float, default=1.0,
+                    help="seconds of untimed launches in each process before timing (default 1)")
+    ap.add_argument("--cpu", type=int, default=2, help="the core of every measuring process's launching thread "
+                    "(default 2; keep it off core 0, which takes most interrupts)")
+    ap.add_argument("--pin", choices=("thread", "process"), default="thread",
+                    help="thread: only the launching thread on --cpu, the others on the other cores minus --cpu's "
+                         "SMT siblings (default); process: every thread of the process on --cpu")
+    ap.add_argument("--torch-budget-s", type=float, default=140.0,
+                    help="no new torch-loop process once it would end past this many seconds (at least 2 pairs "
+                         "run; default 140)")
+    ap.add_argument("--other-cpus", help=argparse.SUPPRESS)  # for the children
     ap.add_argument("--skip-train-driver", action="store_true", help="train once, with LAYERSWAP_TRACK_API=both")
     args = ap.parse_args()
     if args.child == "torch-loop":
-        return child_torch_loop(args.sides.split(","), args.rounds)
+        return child_torch_loop(args)
     if args.child == "train":
         return child_train()
 
-    import torch
-
-    device = torch.cuda.get_device_name(0)
-    t_start = time.time()
-    base = {"LAYERSWAP": "1", "LAYERSWAP_TRACE": "none"}
     sides = args.sides.split(",")
-    all_runs = {side: [] for side in ["off", *sides]}
-    proc_medians = {side: [] for side in all_runs}
-    for _ in range(args.procs):  # alternate the in-process group and the never-subscribed baseline
-        r_on = run_child("torch-loop", {**base, "LAYERSWAP_TRACK": "1"}, 300,
-                         ["--sides", ",".join(sides), "--rounds", str(args.rounds)])
-        r_off = run_child("torch-loop", {**base, "LAYERSWAP_TRACK": "0"}, 120,
-                          ["--sides", "off", "--rounds", str(args.rounds)])
-        if not r_on["active"] and any(not SIDES[s][0] for s in sides):
-            raise SystemExit(f"the tracker did not start in the tracked child: {r_on['problem']}")
-        for side, values in {**r_on["us_per_op"], **r_off["us_per_op"]}.items():
-            all_runs[side] += values
-            proc_medians[side].append(statistics.median(values))
-    torch_sides = {}
-    off_us = statistics.median(all_runs["off"])
-    for side, values in all_runs.items():
-        med = statistics.median(values)
-        torch_sides[side] = {"us_per_op": round(med, 4), "added_vs_off": round(med - off_us, 4),
-                             "process_medians": [round(v, 4) for v in proc_medians[side]],
-                             "process_spread": round(max(proc_medians[side]) - min(proc_medians[side]), 4),
-                             "runs": len(values)}
-    headline = "both" if "both" in all_runs else sides[-1]
-    torch_with, torch_without = statistics.median(all_runs[headline]), off_us
-    breakdown = {}
-    for api in ("both", "driver"):
-        if api in all_runs and f"subscribe-only-{api}" in all_runs:
-            sub = statistics.median(all_runs[f"subscribe-only-{api}"])
-            breakdown[api] = {"cupti_us": round(sub - off_us, 4),
-                              "ours_us": round(statistics.median(all_runs[api]) - sub, 4),
-                              "total_us": round(statistics.median(all_runs[api]) - off_us, 4)}
+    unknown = [s for s in sides if s not in ("off", *SIDES)]
+    if unknown:
+        ap.error(f"unknown side(s) {', '.join(unknown)} in --sides; the sides are off, {', '.join(SIDES)}")
+    if "off" not in sides or HEADLINE not in sides:
+        ap.error(f"--sides must hold off and {HEADLINE} (the headline compares them): {args.sides}")
+    if min(args.processes, args.blocks, args.n) < 1 or args.breakdown_processes < 0:
+        ap.error("--processes, --blocks and --n must be at least 1, --breakdown-processes at least 0")
+    pin_plan(args.cpu, args.pin)  # a bad --cpu fails here, before any child
+
+    t_start = time.time()
+
+    def log(line):
+        print(f"[{time.time() - t_start:6.1f} s] {line}", flush=True)
+
+    tl = run_torch_loop(args, log)
+    log(f"torch loop done: added per launch {tl['added_us_per_launch_torch']:+.3f} us (process medians), "
+        f"{tl['added_us_per_launch_torch_paired']:+.3f} (adjacent pairs), "
+        f"{tl['added_us_per_launch_torch_in_process']:+.3f} (in process, vs paused)")
+    device = tl["device"]
+    log(f"C++ loop: {args.gtest_bin} --gtest_filter=*TrackerGpu*")
     cpp = run_cpp(args.gtest_bin)
+    cpp_driver = (cpp.get("sides") or {}).get(HEADLINE, {}).get("added_vs_paused")
+    base = {"LAYERSWAP": "1", "LAYERSWAP_TRACE": "none"}
+    log("training step, LAYERSWAP_TRACK_API=both")
     train = run_child("train", {**base, "LAYERSWAP_TRACK": "1", "LAYERSWAP_TRACK_API": "both"}, 300)
     train_driver = None
     if not args.skip_train_driver:
+        log("training step, LAYERSWAP_TRACK_API=driver")
         train_driver = run_child("train", {**base, "LAYERSWAP_TRACK": "1", "LAYERSWAP_TRACK_API": "driver"}, 300)
 
     decoded_fraction = train["decoded"] / max(train["launches"], 1)
     m = train["missing"]
+    torch_added = tl["added_us_per_launch_torch"]
     result = {
         "device": device,
-        "torch": torch.__version__,
-        "added_us_per_launch_torch": round(torch_with - torch_without, 4),
-        "torch_headline_side": headline,
-        "torch_sides": torch_sides,
-        "torch_cost_breakdown": breakdown,
-        "torch_us_per_op_with_tracker": round(torch_with, 4),
-        "torch_us_per_op_without_tracker": round(torch_without, 4),
+        **{k: v for k, v in tl.items() if k != "device"},
         "added_us_per_launch_cpp": cpp.get("added_us"),
+        "added_us_per_launch_cpp_driver": cpp_driver,
         "cpp_us_per_launch_with_tracker": cpp.get("with_us"),
         "cpp_us_per_launch_without_tracker": cpp.get("without_us"),
         "cpp_gtest_rc": cpp.get("rc"),
@@ -394,8 +655,10 @@ def main():
             "every_param_in_forward": not m["forward"],
             "every_param_or_grad_in_backward": not m["backward"],
             "every_param_in_optimizer": not m["optimizer"],
-            "torch_added_us<=1": torch_with - torch_without <= 1.0,
+            "torch_added_us<=1": torch_added <= 1.0,
+            "torch_added_us_paired<=1": tl["added_us_per_launch_torch_paired"] <= 1.0,
             "cpp_added_us<=1": cpp.get("added_us") is not None and cpp["added_us"] <= 1.0,
+            "cpp_added_us_driver<=1": cpp_driver is not None and cpp_driver <= 1.0,
         },
         "seconds": round(time.time() - t_start, 1),
     }
@@ -405,11 +668,22 @@ def main():
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
 
+    sides = tl["torch_sides"]
+    paired, in_process = tl["torch_paired"], tl["torch_in_process"]
     rows = [
         ("device", device),
-        ("torch add_ us/op with / without tracker", f"{torch_with:.3f} / {torch_without:.3f}"),
-        ("added us per launch (torch)", f"{torch_with - torch_without:.3f}"),
+        (f"torch add_ us/op {HEADLINE} / off (medians of process medians)",
+         f"{tl['torch_us_per_op_with_tracker']:.3f} / {tl['torch_us_per_op_without_tracker']:.3f}"),
+        ("added us per launch (torch)", f"{torch_added:.3f}"),
+        (f"  adjacent (off, {HEADLINE}) pairs: median [min, max]",
+         f"{paired['median']:.3f} [{paired['min']:.3f}, {paired['max']:.3f}] over {paired['n']} pairs "
+         f"({paired['pairs_over_1us']} over 1 us)"),
+        (f"  in process, {HEADLINE} - paused: median [min, max]",
+         f"{in_process['median']:.3f} [{in_process['min']:.3f}, {in_process['max']:.3f}] over {in_process['n']} "
+         "processes"),
+        ("  paused - off (is paused a fair baseline?)", f"{tl['torch_paused_minus_off']:.3f}"),
         ("added us per launch (C++)", f"{cpp.get('added_us')}  (with {cpp.get('with_us')}, without {cpp.get('without_us')})"),
+        (f"added us per launch (C++, {HEADLINE})", str(cpp_driver)),
         ("training step launches / decoded", f"{train['launches']} / {train['decoded']} ({decoded_fraction:.2%})"),
         ("  same with LAYERSWAP_TRACK_API=driver", "-" if train_driver is None else
          f"{train_driver['launches']} / {train_driver['decoded']} "
@@ -422,10 +696,14 @@ def main():
         ("families with launches and no region", json.dumps(train["no_region_families"])),
         ("events dropped", str(train["dropped"])),
     ]
-    for side, v in torch_sides.items():
+    for side, v in sides.items():
         rows.append((f"torch {side} us/op (+ vs off)",
-                     f"{v['us_per_op']:.3f} (+{v['added_vs_off']:.3f}); process medians {v['process_medians']}"))
-    for api, v in breakdown.items():
+                     f"{v['us_per_op']:.3f} ({v['added_vs_off']:+.3f}); process medians {v['process_medians']}"))
+    for side, v in tl["torch_breakdown_sides"].items():
+        rows.append((f"torch breakdown {side} us/op (+ vs paused)",
+                     f"{v['us_per_op']:.3f} ({v['added_vs_paused_in_process']:+.3f} in process); "
+                     f"per process {v['process_added_vs_paused']}"))
+    for api, v in tl["torch_cost_breakdown"].items():
         rows.append((f"torch added, api={api}: CUPTI / ours / total", f"{v['cupti_us']:.3f} / {v['ours_us']:.3f} / "
                      f"{v['total_us']:.3f}"))
     for side, v in (cpp.get("sides") or {}).items():

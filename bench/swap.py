@@ -786,7 +786,9 @@ def worker_train(spec, out, log):
     if tr.get("median_step_s") is not None:
         peak = out.get("peak_reserved")
         log(f"{len(tr['losses'])} steps, median {tr['median_step_s']:.4f} s after {tr['warmup']} warm-up; last loss "
-            f"{tr['losses'][-1]:.6f}" + (f"; peak reserved {peak / 1e9:.2f} GB" if peak else ""))
+            f"{tr['losses'][-1]:.6f}" + (f"; peak reserved {peak / 1e9:.2f} GB" if peak else "")
+            + (f"; launching thread: enqueued in {tr['median_issue_s']:.4f} s, CPU {tr['median_cpu_s']:.4f} s"
+               if tr.get("median_issue_s") is not None else ""))
     if ls is not None:
         timed = max(0, len(record.get("step_times_s", [])) - cfg.warmup)
         out["traffic"] = layerswap_traffic(snapshots.get("after_warmup"), snapshots.get("end"), timed)
@@ -1070,6 +1072,9 @@ def empty_case(case, fraction, error):
 
 def fill_layerswap(c, ls, resident):
     c["step_s"] = median_step(ls)
+    for key in ("median_issue_s", "median_cpu_s"):  # where the step's time goes: launching thread vs device
+        c[key.replace("median_", "")] = (ls.get("train") or {}).get(key)
+        c["resident_" + key.replace("median_", "")] = (resident.get("train") or {}).get(key)
     c["error"] = ls.get("error")
     if ls.get("output_tail"):
         c["output_tail"] = ls["output_tail"]

@@ -494,12 +494,15 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     losses = record.setdefault("losses", [])
     losses_hex = record.setdefault("losses_hex", [])
     times = record.setdefault("step_times_s", [])
+    issue = record.setdefault("issue_times_s", [])  # step start -> all work enqueued (the launching thread's time)
+    cpu = record.setdefault("cpu_times_s", [])      # the launching thread's CPU time in the step
     for step, batch in enumerate(built.batches):
         metering = meter is not None and step < cfg.warmup
         if meter is not None and step == cfg.warmup:
             meter.remove()
         sync()
         t0 = time.perf_counter()
+        c0 = time.thread_time()
         if metering:
             meter.begin_step()
         with attention_backends() if built.uses_sdpa else contextlib.nullcontext():  # a fresh one each step
@@ -509,6 +512,8 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
         opt.zero_grad(set_to_none=True)
         if metering:
             meter.end_step()
+        issue.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
         sync()
         dt = time.perf_counter() - t0
         value = loss.item()
@@ -525,4 +530,6 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     timed = times[warmup:]
     record["warmup"] = warmup
     record["median_step_s"] = statistics.median(timed) if timed else None
+    record["median_issue_s"] = statistics.median(issue[warmup:]) if timed else None
+    record["median_cpu_s"] = statistics.median(cpu[warmup:]) if timed else None
     return record

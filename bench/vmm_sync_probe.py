@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Do CUDA VMM calls wait for the GPU? Times cuMemMap / cuMemSetAccess / cuMemUnmap of a range no kernel uses,
+once with the GPU idle and once while a long kernel (torch.cuda._sleep) runs on another stream. If a call takes
+about as long as the running kernel, it waits for the device, and every remap the residency engine makes stalls the
+program's stream. Device and host-located pages are both tried. Prints a table and writes JSON to --out."""
+import argparse
+import ctypes
+import json
+import time
+
+import torch
+
+CU_MEM_ALLOCATION_TYPE_PINNED = 1
+CU_MEM_LOCATION_TYPE_DEVICE = 1
+CU_MEM_LOCATION_TYPE_HOST = 2
+CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+
+
+class Loc(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class AllocFlags(ctypes.Structure):
+    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+
+class Prop(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", Loc),
+                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", AllocFlags)]
+
+
+class Access(ctypes.Structure):
+    _fields_ = [("location", Loc), ("flags", ctypes.c_int)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", type=int, default=24)
+    ap.add_argument("--sleep-ms", type=float, default=50.0)
+    ap.add_argument("--out", default="vmm_sync_probe.json")
+    a = ap.parse_args()
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    cu = ctypes.CDLL("libcuda.so.1")
+
+    def ck(r, what):
+        if r != 0:
+            raise RuntimeError(f"{what} failed: {r}")
+
+    dev = torch.cuda.current_device()
+    gran = 2 << 20
+    size = a.mib << 20
+    # cycles for --sleep-ms: calibrate
+    s = torch.cuda.Stream()
+    t0 = time.perf_counter(); torch.cuda._sleep(10_000_000); torch.cuda.synchronize(); dt = time.perf_counter() - t0
+    cycles = int(10_000_000 * (a.sleep_ms / 1e3) / dt)
+
+    def make(loc_type):
+        p = Prop(); p.type = CU_MEM_ALLOCATION_TYPE_PINNED; p.location = Loc(loc_type, dev if loc_type == 1 else 0)
+        if loc_type == CU_MEM_LOCATION_TYPE_HOST:
+            p.location = Loc(CU_MEM_LOCATION_TYPE_HOST, 0)
+        h = ctypes.c_ulonglong()
+        ck(cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(size), ctypes.byref(p), ctypes.c_ulonglong(0)), "cuMemCreate")
+        return h
+
+    va = ctypes.c_ulonglong()
+    ck(cu.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(size), ctypes.c_size_t(gran), ctypes.c_ulonglong(0),
+                              ctypes.c_ulonglong(0)), "reserve")
+    acc = Access(Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev), CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+    results = []
+    for kind, lt in (("device", CU_MEM_LOCATION_TYPE_DEVICE), ("host", CU_MEM_LOCATION_TYPE_HOST)):
+        h = make(lt)
+        for busy in (False, True):
+            rows = {"map": [], "set_access": [], "unmap": []}
+            for _ in range(5):
+                torch.cuda.synchronize()
+                if busy:
+                    with torch.cuda.stream(s):
+                        torch.cuda._sleep(cycles)
+                t = time.perf_counter()
+                ck(cu.cuMemMap(va, ctypes.c_size_t(size), ctypes.c_size_t(0), h, ctypes.c_ulonglong(0)), "map")
+                t1 = time.perf_counter()
+                ck(cu.cuMemSetAccess(va, ctypes.c_size_t(size), ctypes.byref(acc), ctypes.c_size_t(1)), "access")
+                t2 = time.perf_counter()
+                ck(cu.cuMemUnmap(va, ctypes.c_size_t(size)), "unmap")
+                t3 = time.perf_counter()
+                rows["map"].append((t1 - t) * 1e3); rows["set_access"].append((t2 - t1) * 1e3)
+                rows["unmap"].append((t3 - t2) * 1e3)
+            torch.cuda.synchronize()
+            med = {k: sorted(v)[len(v) // 2] for k, v in rows.items()}
+            results.append({"pages": kind, "gpu_busy": busy, "median_ms": med, "all_ms": rows})
+            print(f"{kind:6s} busy={busy!s:5s} map {med['map']:.3f} ms  set_access {med['set_access']:.3f} ms  "
+                  f"unmap {med['unmap']:.3f} ms  (kernel {a.sleep_ms} ms)")
+        cu.cuMemRelease(h)
+    # GPU-side cost: a GEMM loop timed alone, beside a thread that remaps (map + set_access + unmap, the engine's
+    # calls) device or host pages of an unused range, and beside H2D + D2H copies on side streams.
+    import threading
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def gemms(n=400):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            torch.mm(x, w)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) * 1e3
+
+    hd, hh = make(CU_MEM_LOCATION_TYPE_DEVICE), make(CU_MEM_LOCATION_TYPE_HOST)
+    host_buf = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    dev_buf = torch.empty(size, dtype=torch.uint8, device="cuda")
+
+    def churn(stop, h, per_page, counter):
+        while not stop.is_set():
+            if per_page:
+                for i in range(size // gran):
+                    cu.cuMemMap(ctypes.c_ulonglong(va.value + i * gran), ctypes.c_size_t(gran), ctypes.c_size_t(0),
+                                h, ctypes.c_ulonglong(i * gran))
+            else:
+                cu.cuMemMap(va, ctypes.c_size_t(size), ctypes.c_size_t(0), h, ctypes.c_ulonglong(0))
+            cu.cuMemSetAccess(va, ctypes.c_size_t(size), ctypes.byref(acc), ctypes.c_size_t(1))
+            if per_page:
+                for i in range(size // gran):
+                    cu.cuMemUnmap(ctypes.c_ulonglong(va.value + i * gran), ctypes.c_size_t(gran))
+            else:
+                cu.cuMemUnmap(va, ctypes.c_size_t(size))
+            counter[0] += 1
+
+    def copies(stop, counter):
+        s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+        while not stop.is_set():
+            with torch.cuda.stream(s1):
+                dev_buf.copy_(host_buf, non_blocking=True)
+            with torch.cuda.stream(s2):
+                host_buf.copy_(dev_buf, non_blocking=True)
+            s1.synchronize(); s2.synchronize()
+            counter[0] += 1
+
+    gemms(50)
+    gpu = {}
+    for name, target, args in (("alone", None, None), ("remap device pages", churn, (hd, True)),
+                               ("remap host pages", churn, (hh, False)), ("h2d+d2h copies", copies, ())):
+        times, cycles_done = [], 0
+        for _ in range(3):
+            stop, counter = threading.Event(), [0]
+            th = threading.Thread(target=target, args=(stop, *args, counter)) if target else None
+            if th:
+                th.start(); time.sleep(0.01)
+            times.append(gemms())
+            stop.set()
+            if th:
+                th.join()
+            cycles_done += counter[0]
+        gpu[name] = {"gemm_loop_ms": sorted(times)[1], "all_ms": times, "churn_cycles": cycles_done}
+        print(f"GEMM loop {name:20s} {sorted(times)[1]:8.2f} ms  ({cycles_done} remap/copy cycles beside it)")
+    json.dump({"device": torch.cuda.get_device_name(), "mib": a.mib, "sleep_ms": a.sleep_ms, "results": results,
+               "gpu_side": gpu}, open(a.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -20,8 +20,10 @@
 // when a request does not fit (Note [Allocation under pressure]).
 //
 // Note [Shadow copies]
-//   A move maps the destination pages at a shadow VA (a reservation of the region's size, pooled) and copies
-//   region VA -> shadow on the engine's copy stream (one for D2H, one for H2D). Before the copy, the engine
+//   A move copies the region into its destination through a VA of the destination's own: an eviction into the
+//   view of the region's host backing (mapped once, when the backing is created, and kept with it in the pool),
+//   a prefetch into device pages mapped at a staging VA (a reservation of the region's size, pooled). The copy
+//   runs region VA -> destination on the engine's copy stream (one for D2H, one for H2D). Before the copy, the engine
 //   snapshots the region's gate sequence s, then records an event on every stream launches may use (set_streams
 //   / note_stream, the legacy stream always) and makes the copy stream wait for them: every launch enqueued
 //   before the snapshot has completed when the copy starts. An event recorded after the copy tells when it is
@@ -32,8 +34,18 @@
 //   snapshot and none is being issued (residency_gate.hpp). Then nothing pending on any GPU stream touches r
 //   (the launches before s completed before the copy), so its VA can be unmapped and mapped to the
 //   destination pages, with launches that arrive meanwhile waiting in enter(). On failure a launch may have
-//   written r after the copy read it: the copy is stale, the move is abandoned (shadow unmapped, pages given
+//   written r after the copy read it: the copy is stale, the move is abandoned (staging unmapped, pages given
 //   back) and the region stays where it was; the policy may try again later.
+//
+// Note [Remaps outside the lock]
+//   A remap is a handful of driver calls (unmap, map, set access: 0.1-0.4 ms for a 24 MiB region on the H100,
+//   set access on host pages the dearest). Made with the allocator mutex held, some 300 of them per training step
+//   kept the program's allocations waiting. So the migration thread finishes a move in three steps: under the
+//   mutex it marks the region busy (begin_finish); without it, it takes the gate, makes the driver calls and
+//   releases the gate (remap_busy); under the mutex again it updates the books (end_finish). While a region is
+//   busy nobody else touches it: every engine entry point that acts on a region waits (wait_not_busy, releasing
+//   the mutex) until it is not, moving_locked() says it moves, and regions cannot be removed. Settling and
+//   synchronous evictions, already waiting on the host, do all three steps with the mutex held.
 //
 // Note [Write-back]
 //   An eviction always copies today. A GPU-side checksum of the region compared with the one taken when it last
@@ -89,6 +101,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #include <limits>
 #include <map>
 #include <thread>
@@ -109,14 +122,24 @@ constexpr std::uint64_t k_far = std::numeric_limits<std::uint64_t>::max();
 constexpr std::chrono::microseconds k_waited_period{20};
 }
 
+// A region's host backing: one host-located allocation, and a view of it (a VA of its own, mapped once) that
+// evictions copy into, so that an eviction maps nothing until its remap (Note [Shadow copies]).
+struct host_backing {
+  phys_handle handle = 0;
+  device_ptr view = 0;
+  explicit operator bool() const noexcept { return handle != 0; }
+};
+
 struct move {
   bool to_device = false;
-  device_ptr shadow = 0;
+  device_ptr shadow = 0;             // prefetch: the device pages' staging VA; eviction: the host view
   std::uint64_t snapshot = 0;
   std::vector<event_handle> fences;  // recorded on the known streams before the copy
   event_handle done = nullptr;       // recorded on the copy stream after the copy
   std::vector<phys_handle> pages;    // prefetch: the device pages mapped at the shadow
   bool cancelled = false;            // the region was freed (Note [Freeing a moved region])
+  bool refused = false;              // the gate refused the remap: a launch touched the region (abandoned)
+  bool remapped = false;             // remap_busy() completed
   bool sync = false;                 // a synchronous eviction (stall)
 };
 
@@ -126,7 +149,8 @@ struct swap_region {
   std::size_t bytes = 0;
   std::size_t npages = 0;
   std::vector<phys_handle>* pages = nullptr;  // the segment's device pages (empty while host-backed)
-  phys_handle host = 0;                       // host backing, 0 until the first eviction
+  host_backing host;                          // empty until the first eviction
+  bool busy = false;  // the migration thread is remapping it without the mutex (Note [Remaps outside the lock])
   region_residency state = region_residency::device;
   std::unique_ptr<move> mv;
   bool live = false;
@@ -154,13 +178,15 @@ struct residency_engine::impl {
   std::vector<event_handle> spare_events;
   std::multimap<std::size_t, device_ptr> spare_shadows;  // bytes -> reservation
   std::vector<std::pair<device_ptr, std::size_t>> shadows;  // all reservations, for the destructor
-  std::multimap<std::size_t, phys_handle> spare_host;     // bytes -> pooled host allocation
+  std::multimap<std::size_t, host_backing> spare_host;    // bytes -> pooled host backing (view still mapped)
   std::size_t host_bytes = 0;                              // host-located bytes in existence
   std::size_t max_transient = 0;  // the reserve for memory that cannot move (Note [Policy])
   bool forecast_applied = false;   // the last policy round had a forecast (ranks mean next uses)
   std::uint64_t pin_generation = ~std::uint64_t{0};
   residency_stats st;
   std::size_t moves = 0;
+  std::size_t busy = 0;                 // regions being remapped outside the mutex
+  std::condition_variable busy_cv;      // signalled (mutex held) when a remap outside the mutex ends
 
   // ---- migration thread ----
   std::atomic<forecast_source*> forecaster{nullptr};
@@ -199,26 +225,51 @@ struct residency_engine::impl {
 
   // Host backing of `bytes`: a pooled one of that size, else a new one within LAYERSWAP_HOST_LIMIT (pooled ones
   // of other sizes are released first to make room). Throws device_out_of_memory when there is no room.
-  phys_handle take_host(std::size_t bytes) {
+  host_backing take_host(std::size_t bytes) {
     auto it = spare_host.find(bytes);
     if (it != spare_host.end()) {
-      const phys_handle h = it->second;
+      const host_backing h = it->second;
       spare_host.erase(it);
       return h;
     }
     while (options.host_limit && host_bytes + bytes > options.host_limit && !spare_host.empty()) {
       auto victim = spare_host.begin();
-      port.release(victim->second);
-      host_bytes -= victim->first;
+      release_host(victim->first, victim->second);
       spare_host.erase(victim);
     }
     if (options.host_limit && host_bytes + bytes > options.host_limit) {
       throw device_out_of_memory(2, "layerswap: LAYERSWAP_HOST_LIMIT (" + format_bytes(options.host_limit) +
                                         ") leaves no room for " + format_bytes(bytes) + " of host backing");
     }
-    const phys_handle h = port.create(bytes, memory_location::host);
+    host_backing h;
+    h.handle = port.create(bytes, memory_location::host);
+    try {
+      h.view = port.reserve(bytes, gran);
+      try {
+        port.map(h.view, bytes, h.handle, 0);
+        try {
+          port.set_access(h.view, bytes);
+        } catch (...) {
+          port.unmap(h.view, bytes);
+          throw;
+        }
+      } catch (...) {
+        port.unreserve(h.view, bytes);
+        throw;
+      }
+    } catch (...) {
+      port.release(h.handle);
+      throw;
+    }
     host_bytes += bytes;
     return h;
+  }
+
+  void release_host(std::size_t bytes, const host_backing& h) {
+    port.unmap(h.view, bytes);
+    port.unreserve(h.view, bytes);
+    port.release(h.handle);
+    host_bytes -= bytes;
   }
 
   void unmap_pages(device_ptr va, std::size_t n) {
@@ -251,7 +302,7 @@ struct residency_engine::impl {
 
   bool start_evict(swap_region& r, bool sync) {
     if (r.state != region_residency::device || r.mv || !r.live || r.pinned) return false;
-    if (r.host == 0) {
+    if (!r.host) {
       try {
         r.host = take_host(r.bytes);
       } catch (const device_out_of_memory&) {
@@ -260,19 +311,12 @@ struct residency_engine::impl {
     }
     auto m = std::make_unique<move>();
     m->sync = sync;
-    m->shadow = take_shadow(r.bytes);
+    m->shadow = r.host.view;
+    if (region_is_clean(r)) {
+      // Hook (Note [Write-back]): the host copy is current; a copy-less move would go here.
+    }
     try {
-      port.map(m->shadow, r.bytes, r.host, 0);
-      try {
-        port.set_access(m->shadow, r.bytes);
-        if (region_is_clean(r)) {
-          // Hook (Note [Write-back]): the host copy is current; a copy-less move would go here.
-        }
-        start_copy(r, *m, d2h, true);
-      } catch (...) {
-        port.unmap(m->shadow, r.bytes);
-        throw;
-      }
+      start_copy(r, *m, d2h, true);
     } catch (...) {
       recycle(r, *m);
       throw;
@@ -311,86 +355,168 @@ struct residency_engine::impl {
     if (state == region_residency::moving_in) gate::set_incoming(r.id, true);  // Note [Waiting for a prefetch]
   }
 
-  // A move that failed to start: its shadow VA and fence events go back to the pools.
+  // A move that failed to start: its staging VA and fence events go back to the pools.
   void recycle(const swap_region& r, move& m) {
-    spare_shadows.emplace(r.bytes, m.shadow);
+    if (m.to_device) spare_shadows.emplace(r.bytes, m.shadow);
     spare_events.insert(spare_events.end(), m.fences.begin(), m.fences.end());
   }
 
-  // The move's copy has completed: remap under the gate, or abandon (Note [Remap under the gate]). Launches
-  // waiting for a prefetch (Note [Waiting for a prefetch]) are released only after the remap has ended.
-  void finish(swap_region& r) {
-    struct release_waiters {
-      region_id id;
-      bool incoming;
-      ~release_waiters() {
-        if (incoming) gate::set_incoming(id, false);
-      }
-    } release{r.id, r.mv->to_device};
-    complete(r);
+  // ---- finishing a move whose copy has completed (Note [Remap under the gate]) ----
+  // begin_finish (mutex held): abandon, or take the gate and mark the region busy; remap_busy (mutex not needed):
+  // the driver calls that switch the region's VA, then the gate is released; end_finish (mutex held): the
+  // engine's books. finish() does all three with the mutex held (Note [Remaps outside the lock]).
+
+  // False when the move was cancelled (done here); true when the remap may be tried (the region is busy).
+  bool begin_finish(swap_region& r) {
+    move& m = *r.mv;
+    spare_events.insert(spare_events.end(), m.fences.begin(), m.fences.end());
+    m.fences.clear();
+    spare_events.push_back(m.done);
+    m.done = nullptr;
+    if (m.cancelled || !r.live) {
+      abandon(r, true);
+      return false;
+    }
+    r.busy = true;
+    ++busy;
+    return true;
   }
 
-  void complete(swap_region& r) {
-    std::unique_ptr<move> m = std::move(r.mv);
-    --moves;
-    spare_events.insert(spare_events.end(), m->fences.begin(), m->fences.end());
-    spare_events.push_back(m->done);
-    const bool remap = !m->cancelled && r.live && gate::try_begin_remap(r.id, m->snapshot);
-    if (!remap) {
-      ++(m->cancelled || !r.live ? st.cancelled : st.abandoned);
-      if (m->to_device) {
-        unmap_pages(m->shadow, m->pages.size());
-        source.give_pages(m->pages);
-        r.state = region_residency::host;
-      } else {
-        port.unmap(m->shadow, r.bytes);
-        r.state = region_residency::device;
-      }
-      spare_shadows.emplace(r.bytes, m->shadow);
+  // The move's copy may be stale (a launch touched the region) or the region was freed: the region stays where
+  // it was.
+  void abandon(swap_region& r, bool cancelled) {
+    move& m = *r.mv;
+    ++(cancelled ? st.cancelled : st.abandoned);
+    if (m.to_device) {
+      unmap_pages(m.shadow, m.pages.size());
+      source.give_pages(m.pages);
+      spare_shadows.emplace(r.bytes, m.shadow);
+      r.state = region_residency::host;
+    } else {
+      r.state = region_residency::device;
+    }
+    end_move(r);
+  }
+
+  // The remap itself: only driver calls on the region's VA and the move's own pages, so the migration thread runs
+  // it without the mutex while r.busy keeps everyone else off the region. Releases the gate (and launches waiting
+  // for the prefetch) whether or not a call throws.
+  void remap_busy(swap_region& r) {
+    move& m = *r.mv;
+    if (!gate::try_begin_remap(r.id, m.snapshot)) {
+      m.refused = true;
       return;
     }
-    struct end_guard {
-      region_id id;
-      ~end_guard() { gate::end_remap(id); }
-    } guard{r.id};
+    struct release {
+      swap_region& r;
+      ~release() {
+        gate::end_remap(r.id);
+        if (r.mv->to_device) gate::set_incoming(r.id, false);  // Note [Waiting for a prefetch]
+      }
+    } guard{r};
     if (options.remap_hook) options.remap_hook(r.id);
-    if (m->to_device) {
+    if (m.to_device) {
       port.unmap(r.va, r.bytes);  // the host mapping: one map() call
-      map_pages(r.va, m->pages);
-      *r.pages = std::move(m->pages);
-      unmap_pages(m->shadow, r.npages);
-      r.state = region_residency::device;
+      map_pages(r.va, m.pages);
+      unmap_pages(m.shadow, r.npages);
       gate::set_on_host(r.id, false);
+    } else {
+      unmap_pages(r.va, r.npages);
+      port.map(r.va, r.bytes, r.host.handle, 0);
+      port.set_access(r.va, r.bytes);
+      gate::set_on_host(r.id, true);
+      m.snapshot = gate::sequence(r.id);  // still remapping: no launch can have moved it since
+    }
+    m.remapped = true;
+  }
+
+  void end_finish(swap_region& r) {
+    move& m = *r.mv;
+    r.busy = false;
+    --busy;
+    if (m.refused) {
+      abandon(r, false);
+      return;
+    }
+    if (!m.remapped) {  // a driver call failed: the region's mapping is unknown, keep its books as they were
+      end_move(r);
+      return;
+    }
+    if (m.to_device) {
+      *r.pages = std::move(m.pages);
+      spare_shadows.emplace(r.bytes, m.shadow);
+      r.state = region_residency::device;
       st.bytes_h2d += static_cast<std::int64_t>(r.bytes);
       ++st.prefetches;
     } else {
-      unmap_pages(r.va, r.npages);
-      port.map(r.va, r.bytes, r.host, 0);
-      port.set_access(r.va, r.bytes);
-      port.unmap(m->shadow, r.bytes);
       source.give_pages(*r.pages);
       r.pages->clear();
       r.state = region_residency::host;
-      gate::set_on_host(r.id, true);
-      r.evicted_seq = gate::sequence(r.id);
+      r.evicted_seq = m.snapshot;
       st.bytes_d2h += static_cast<std::int64_t>(r.bytes);
       ++st.evictions;
-      if (m->sync) ++st.stall_evictions;
+      if (m.sync) ++st.stall_evictions;
     }
-    spare_shadows.emplace(r.bytes, m->shadow);
+    end_move(r);
+  }
+
+  void end_move(swap_region& r) {
+    const bool incoming = r.mv->to_device;
+    r.mv.reset();
+    --moves;
+    if (incoming) gate::set_incoming(r.id, false);  // abandoned prefetches release their waiters too
+  }
+
+  // All three steps with the mutex held (settling, synchronous evictions, tests).
+  void finish(swap_region& r) {
+    if (!begin_finish(r)) return;
+    struct books {
+      impl& e;
+      swap_region& r;
+      ~books() {
+        e.end_finish(r);
+        e.busy_cv.notify_all();
+      }
+    } guard{*this, r};
+    remap_busy(r);
+  }
+
+  // Waits (releasing the mutex, which the caller holds) until `r` is not being remapped outside the mutex.
+  void wait_not_busy(swap_region& r) {
+    if (!r.busy) return;
+    std::unique_lock lock(mutex, std::adopt_lock);
+    busy_cv.wait(lock, [&] { return !r.busy; });
+    lock.release();
+  }
+  // ... until no region is (the region table may change meanwhile).
+  void wait_none_busy() {
+    if (busy == 0) return;
+    std::unique_lock lock(mutex, std::adopt_lock);
+    busy_cv.wait(lock, [&] { return busy == 0; });
+    lock.release();
   }
 
   void settle(swap_region& r) {
+    wait_not_busy(r);
     if (!r.mv) return;
     port.wait(r.mv->done);
     finish(r);
   }
 
-  void poll_moves() {
-    if (moves == 0) return;
+  void settle_all() {
+    wait_none_busy();
+    for (auto& [id, r] : regions) settle(*r);  // no region is busy: settle() never releases the mutex
+  }
+
+  // Moves whose copy has completed (query only, no host wait): abandoned ones are done here; the others are
+  // returned busy, for remaps outside the mutex (Note [Remaps outside the lock]).
+  std::vector<swap_region*> poll_moves() {
+    std::vector<swap_region*> ready;
+    if (moves == 0) return ready;
     for (auto& [id, r] : regions) {
-      if (r->mv && port.query(r->mv->done)) finish(*r);
+      if (r->mv && !r->busy && r->mv->done && port.query(r->mv->done) && begin_finish(*r)) ready.push_back(r.get());
     }
+    return ready;
   }
 
   // Victim order: farthest next use first (absent from the forecast = farthest), then least recently used.
@@ -597,7 +723,7 @@ residency_engine::~residency_engine() {
   impl& m = *impl_;
   try {
     for (auto& [va, bytes] : m.shadows) m.port.unreserve(va, bytes);
-    for (auto& [bytes, h] : m.spare_host) m.port.release(h);
+    for (auto& [bytes, h] : m.spare_host) m.release_host(bytes, h);
     for (event_handle e : m.spare_events) m.port.destroy_event(e);
     gate::remove_internal_stream(reinterpret_cast<std::uint64_t>(m.d2h));
     gate::remove_internal_stream(reinterpret_cast<std::uint64_t>(m.h2d));
@@ -677,10 +803,31 @@ void residency_engine::tick() {
     src->current(m.fc, 4096);
     if (m.fc.learned) f = &m.fc;
   }
+  std::vector<swap_region*> ready;
+  {
+    std::lock_guard lock(m.mutex);
+    ready = m.poll_moves();
+    if (ready.empty()) {
+      m.source.maintain();
+      if (m.active()) m.policy(f);
+      return;
+    }
+  }
+  // Note [Remaps outside the lock]: the driver calls of the remaps run without the mutex.
+  std::exception_ptr failure;
+  for (swap_region* r : ready) {
+    try {
+      m.remap_busy(*r);
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
   std::lock_guard lock(m.mutex);
-  m.poll_moves();
+  for (swap_region* r : ready) m.end_finish(*r);
+  m.busy_cv.notify_all();
+  if (failure) std::rethrow_exception(failure);
   m.source.maintain();
-  if (m.active()) m.policy(f);
+  if (m.active()) m.policy(f);  // the evictions just finished gave their pages back
 }
 
 void residency_engine::set_streams_locked(std::span<const stream_handle> streams) {
@@ -707,6 +854,7 @@ swap_region* residency_engine::add_locked(region_id id, device_ptr va, std::size
 }
 
 void residency_engine::set_live_locked(swap_region* r, bool live) {
+  impl_->wait_not_busy(*r);  // its state is final afterwards (the caller decides on it)
   r->live = live;
   if (!live && r->mv) r->mv->cancelled = true;  // Note [Freeing a moved region]
 }
@@ -715,7 +863,7 @@ bool residency_engine::host_backed_locked(const swap_region* r) const noexcept {
   return r->state == region_residency::host || r->state == region_residency::moving_in;
 }
 
-bool residency_engine::moving_locked(const swap_region* r) const noexcept { return r->mv != nullptr; }
+bool residency_engine::moving_locked(const swap_region* r) const noexcept { return r->mv != nullptr || r->busy; }
 
 void residency_engine::settle_locked(swap_region* r) { impl_->settle(*r); }
 
@@ -725,7 +873,7 @@ bool residency_engine::remove_locked(swap_region* r) {
   const bool host_mapped = r->state == region_residency::host;
   if (host_mapped) m.port.unmap(r->va, r->bytes);
   gate::set_on_host(r->id, false);
-  if (r->host) m.spare_host.emplace(r->bytes, r->host);
+  if (r->host) m.spare_host.emplace(r->bytes, r->host);  // its view stays mapped for the next region
   m.regions.erase(r->id);
   return host_mapped;
 }
@@ -733,7 +881,7 @@ bool residency_engine::remove_locked(swap_region* r) {
 bool residency_engine::evict_sync_locked() {
   impl& m = *impl_;
   if (!m.active()) return false;  // Note [No tracker]
-  for (auto& [id, r] : m.regions) m.settle(*r);
+  m.settle_all();
   // The allocation this serves did not fit: the reserve for memory that cannot move was too small.
   if (m.forecast_applied) m.max_transient = std::max(m.max_transient, m.transient_bytes() + m.gran);
   // Forecast regions first (farthest next use); regions absent from the forecast only when none is left.
@@ -759,6 +907,7 @@ bool residency_engine::evict_sync_locked() {
 
 bool residency_engine::request_locked(swap_region* r, bool to_device) {
   if (!impl_->active()) return false;  // Note [No tracker]
+  impl_->wait_not_busy(*r);
   return to_device ? impl_->start_prefetch(*r) : impl_->start_evict(*r, false);
 }
 
@@ -842,8 +991,6 @@ std::string residency_engine::verify_locked() const {
   return {};
 }
 
-void residency_engine::settle_all_locked() {
-  for (auto& [id, r] : impl_->regions) impl_->settle(*r);
-}
+void residency_engine::settle_all_locked() { impl_->settle_all(); }
 
 }  // namespace layerswap::detail

@@ -1,7 +1,9 @@
 // The residency engine: moves swappable regions (large live segments of the caching allocator) between device
 // pages and host-located pages, and the policy that decides which to move, from the learner's forecast. See
 // residency.cpp for the algorithm and its notes. The allocator owns the engine and calls it with its own mutex
-// held (the *_locked methods); the engine's migration thread takes that same mutex, so there is one lock.
+// held (the *_locked methods); the engine's migration thread takes that same mutex, so there is one lock. The
+// migration thread makes a remap's driver calls without it (Note [Remaps outside the lock]): a *_locked method
+// that acts on a region being remapped waits for the remap, releasing the mutex meanwhile.
 #pragma once
 
 #include <chrono>
@@ -44,7 +46,8 @@ struct residency_options {
   pin_setting pin;                                  // LAYERSWAP_PIN
   std::size_t host_limit = 0;                       // LAYERSWAP_HOST_LIMIT: host bytes for backing; 0 = no cap
   std::chrono::microseconds period{200};            // migration thread period
-  // Tests: called inside every remap (between try_begin_remap and end_remap), allocator mutex held.
+  // Tests: called inside every remap (between try_begin_remap and end_remap); the allocator mutex is held when
+  // the remap is made by settling or a synchronous eviction, not when the migration thread's tick() makes it.
   std::function<void(region_id)> remap_hook;
 };
 

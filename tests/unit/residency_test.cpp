@@ -206,6 +206,52 @@ TEST(Residency, LaunchWaitsInEnterDuringARemap) {
   alloc.verify();
 }
 
+// Note [Remaps outside the lock]: while the migration thread remaps a region, the program allocates freely; one
+// that frees the region being remapped waits for the remap and then finds the region's final state.
+TEST(Residency, AllocatorIsFreeDuringARemap) {
+  sim_options so;
+  so.total_memory = 512 * MiB;
+  sim_driver sim(so);
+  allocator_options o = harness::make_options(64 * MiB, false, true);
+  caching_allocator* alloc_ptr = nullptr;
+  void* a = nullptr;
+  std::atomic<bool> allocated{false};
+  std::atomic<bool> freed{false};
+  bool hook_saw_allocation = false;
+  bool hook_saw_free = true;
+  std::thread freer;
+  o.residency.remap_hook = [&](region_id) {
+    std::thread allocator_user([&] {
+      void* q = alloc_ptr->allocate(3 * MiB, nullptr);
+      allocated = true;
+      alloc_ptr->deallocate(q);
+    });
+    for (int i = 0; i < 1000 && !allocated.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    hook_saw_allocation = allocated.load();
+    allocator_user.join();
+    freer = std::thread([&] {
+      alloc_ptr->deallocate(a);  // the region being remapped: waits for the remap
+      freed = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    hook_saw_free = freed.load();
+  };
+  caching_allocator alloc(sim, o);
+  alloc_ptr = &alloc;
+  a = alloc.allocate(4 * MiB, nullptr);
+  sim.launch(nullptr, {{reinterpret_cast<device_ptr>(a), 4 * MiB, true, 0x66}});
+  ASSERT_TRUE(alloc.request_evict(a));
+  alloc.residency_tick();
+  freer.join();
+  EXPECT_TRUE(hook_saw_allocation) << "an allocation waited for a remap (the mutex was held)";
+  EXPECT_FALSE(hook_saw_free) << "a region was freed in the middle of its remap";
+  EXPECT_TRUE(freed.load());
+  for (int i = 0; i < 4; ++i) alloc.residency_tick();  // the freed, host-backed region is retired
+  EXPECT_EQ(alloc.residency().evictions, 1);
+  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  alloc.verify();
+}
+
 TEST(Residency, AllocationUnderPressureEvictsTheFarthestRegion) {
   fixed_forecast f;
   harness h(16 * MiB);

@@ -58,6 +58,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <limits>
@@ -216,6 +217,19 @@ struct caching_allocator::impl final : detail::page_source {
   std::size_t reclaim_idle(std::size_t n) override;
   void maintain() override;
   void start_engine_if_needed();
+  // The mutex, for the program's allocate/deallocate: counts the calls that had to wait for it (the migration
+  // thread holds it for its rounds) and how long.
+  std::unique_lock<std::mutex> lock_counted() {
+    std::unique_lock lock(mutex, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      const auto start = std::chrono::steady_clock::now();
+      lock.lock();
+      ++st.num_lock_waits;
+      st.lock_wait_us += std::chrono::duration_cast<std::chrono::microseconds>(
+                             std::chrono::steady_clock::now() - start).count();
+    }
+    return lock;
+  }
 
   // ---- helpers, all *_locked ----
   stream_pool* pool_for_locked(stream_handle stream);
@@ -831,7 +845,7 @@ caching_allocator::~caching_allocator() = default;
 
 void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
   if (bytes == 0) return nullptr;
-  std::lock_guard lock(impl_->mutex);
+  const std::unique_lock lock = impl_->lock_counted();
   if (!impl_->pending.empty()) impl_->process_pending_locked(false);
   stream_pool* pool = impl_->pool_for_locked(stream);
   return bytes <= impl_->options.small_max ? impl_->allocate_small_locked(bytes, pool)
@@ -841,7 +855,7 @@ void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
 bool caching_allocator::deallocate(void* ptr) noexcept {
   if (!ptr) return true;
   const auto p = reinterpret_cast<device_ptr>(ptr);
-  std::lock_guard lock(impl_->mutex);
+  const std::unique_lock lock = impl_->lock_counted();
   impl& m = *impl_;
   segment* seg = m.owner_locked(p);
   std::uint32_t b = 0;

@@ -587,7 +587,7 @@ def layerswap_traffic(before, after, steps):
     if key and steps > 0:
         res["bytes_d2h_per_step"] = (fa[key] - fb.get(key, 0)) / steps
         res["sources"]["bytes_d2h_per_step"] = key
-    for name in ("launch_wait_s", "launch_waits", "stall_evictions", "abandoned"):
+    for name in ("launch_wait_s", "launch_waits", "stall_evictions", "abandoned", "lock_wait_s", "num_lock_waits"):
         key = find(lambda k, n=name: k.endswith(n))
         if key and steps > 0:
             res[name + "_per_step"] = (fa[key] - fb.get(key, 0)) / steps
@@ -1082,7 +1082,7 @@ def fill_layerswap(c, ls, resident):
     c["bytes_h2d_per_step"] = traffic.get("bytes_h2d_per_step")
     c["bytes_d2h_per_step"] = traffic.get("bytes_d2h_per_step")
     c["hit_rate"] = traffic.get("hit_rate")
-    for name in ("launch_wait_s", "launch_waits", "stall_evictions", "abandoned"):
+    for name in ("launch_wait_s", "launch_waits", "stall_evictions", "abandoned", "lock_wait_s", "num_lock_waits"):
         if traffic.get(name + "_per_step") is not None:
             c[name + "_per_step"] = traffic[name + "_per_step"]
     c["stats_sources"] = traffic.get("sources")

@@ -55,6 +55,8 @@ py::dict stats_dict(const allocator_stats& s) {
   d["num_device_alloc"] = s.num_device_alloc;
   d["num_device_free"] = s.num_device_free;
   d["num_host_waits"] = s.num_host_waits;
+  d["num_lock_waits"] = s.num_lock_waits;
+  d["lock_wait_s"] = static_cast<double>(s.lock_wait_us) * 1e-6;
   d["num_foreign_frees"] = s.num_foreign_frees;
   return d;
 }

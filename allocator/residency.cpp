@@ -138,6 +138,9 @@ struct move {
   event_handle done = nullptr;       // recorded on the copy stream after the copy
   std::vector<phys_handle> pages;    // prefetch: the device pages mapped at the shadow
   bool cancelled = false;            // the region was freed (Note [Freeing a moved region])
+  std::vector<stream_handle> fence_streams;  // streams to fence before the copy (none: Note [Unfenced prefetch])
+  std::vector<event_handle> spare_fences;    // events reserved for start_copy
+  std::size_t mapped = 0;                    // prefetch: pages mapped at the staging VA so far
   bool refused = false;              // the gate refused the remap: a launch touched the region (abandoned)
   bool remapped = false;             // remap_busy() completed
   bool sync = false;                 // a synchronous eviction (stall)
@@ -187,6 +190,7 @@ struct residency_engine::impl {
   std::size_t moves = 0;
   std::size_t busy = 0;                 // regions being remapped outside the mutex
   std::condition_variable busy_cv;      // signalled (mutex held) when a remap outside the mutex ends
+  std::vector<swap_region*> starting;   // prefetches the policy left for tick() to start without the mutex
 
   // ---- migration thread ----
   std::atomic<forecast_source*> forecaster{nullptr};
@@ -283,21 +287,29 @@ struct residency_engine::impl {
   // Note [Write-back]
   [[nodiscard]] static bool region_is_clean(const swap_region&) noexcept { return false; }
 
-  // Starts the copy of `r` (region VA -> shadow) after fences on every known stream (Note [Shadow copies]);
-  // `fenced` false: nothing pending on any stream touches r (Note [Unfenced prefetch]).
-  void start_copy(swap_region& r, move& m, stream_handle copy_stream, bool fenced) {
+  // Starts the copy of `r` into the move's destination after fences on m.fence_streams (Note [Shadow copies]);
+  // none: nothing pending on any stream touches r (Note [Unfenced prefetch]). Events come from the caller's pool
+  // (take_event, mutex held) or are created (tick(), without the mutex).
+  void start_copy(swap_region& r, move& m, stream_handle copy_stream) {
     m.snapshot = gate::sequence(r.id);
-    if (fenced) {
-      for (stream_handle s : streams) {
-        event_handle e = take_event();
-        m.fences.push_back(e);
-        port.record(e, s);
-        port.stream_wait(copy_stream, e);
-      }
+    for (stream_handle s : m.fence_streams) {
+      event_handle e = m.spare_fences.empty() ? port.create_event() : pop(m.spare_fences);
+      m.fences.push_back(e);
+      port.record(e, s);
+      port.stream_wait(copy_stream, e);
     }
+    m.done = m.spare_fences.empty() ? port.create_event() : pop(m.spare_fences);
     port.copy_async(m.shadow, r.va, r.bytes, copy_stream);
-    m.done = take_event();
     port.record(m.done, copy_stream);
+  }
+  static event_handle pop(std::vector<event_handle>& v) {
+    event_handle e = v.back();
+    v.pop_back();
+    return e;
+  }
+  // Events for start_copy from the pool (mutex held): one per fence, one for `done`.
+  void reserve_events(move& m) {
+    while (m.spare_fences.size() < m.fence_streams.size() + 1) m.spare_fences.push_back(take_event());
   }
 
   bool start_evict(swap_region& r, bool sync) {
@@ -312,11 +324,13 @@ struct residency_engine::impl {
     auto m = std::make_unique<move>();
     m->sync = sync;
     m->shadow = r.host.view;
+    m->fence_streams = streams;
+    reserve_events(*m);
     if (region_is_clean(r)) {
       // Hook (Note [Write-back]): the host copy is current; a copy-less move would go here.
     }
     try {
-      start_copy(r, *m, d2h, true);
+      start_copy(r, *m, d2h);
     } catch (...) {
       recycle(r, *m);
       throw;
@@ -325,26 +339,56 @@ struct residency_engine::impl {
     return true;
   }
 
-  bool start_prefetch(swap_region& r) {
+  // Starts a prefetch: takes device pages and a staging VA. With `defer` (the policy, in tick()), the region is
+  // left busy with its move not yet started, for tick() to map the staging VA and start the copy without the mutex
+  // (Note [Remaps outside the lock]); otherwise it does that now.
+  bool start_prefetch(swap_region& r, bool defer) {
     if (r.state != region_residency::host || r.mv || !r.live) return false;
     auto m = std::make_unique<move>();
     m->to_device = true;
     if (!take_prefetch_pages(r.npages, m->pages)) return false;
     m->shadow = take_shadow(r.bytes);
-    std::size_t mapped = 0;
+    // Note [Unfenced prefetch]: untouched since its eviction, r has no pending work on any stream.
+    if (gate::sequence(r.id) != r.evicted_seq) m->fence_streams = streams;
+    reserve_events(*m);
+    begin(r, std::move(m), region_residency::moving_in);
+    if (defer) {
+      r.busy = true;
+      ++busy;
+      starting.push_back(&r);
+      return true;
+    }
     try {
-      for (; mapped < m->pages.size(); ++mapped) port.map(m->shadow + mapped * gran, gran, m->pages[mapped], 0);
-      port.set_access(m->shadow, r.bytes);
-      // Note [Unfenced prefetch]: untouched since its eviction, r has no pending work on any stream.
-      start_copy(r, *m, h2d, gate::sequence(r.id) != r.evicted_seq);
+      start_prefetch_copy(r);
     } catch (...) {
-      for (std::size_t i = 0; i < mapped; ++i) port.unmap(m->shadow + i * gran, gran);
-      source.give_pages(m->pages);
-      recycle(r, *m);
+      end_start(r);
       throw;
     }
-    begin(r, std::move(m), region_residency::moving_in);
     return true;
+  }
+
+  // Maps the move's pages at its staging VA and starts the copy: driver calls on the move's own pages and VA only.
+  void start_prefetch_copy(swap_region& r) {
+    move& m = *r.mv;
+    for (; m.mapped < m.pages.size(); ++m.mapped) port.map(m.shadow + m.mapped * gran, gran, m.pages[m.mapped], 0);
+    port.set_access(m.shadow, r.bytes);
+    start_copy(r, m, h2d);
+  }
+
+  // After start_prefetch_copy (mutex held): a move whose copy did not start is undone.
+  void end_start(swap_region& r) {
+    if (r.busy) {
+      r.busy = false;
+      --busy;
+    }
+    move& m = *r.mv;
+    if (m.done) return;
+    for (std::size_t i = 0; i < m.mapped; ++i) port.unmap(m.shadow + i * gran, gran);
+    source.give_pages(m.pages);
+    spare_shadows.emplace(r.bytes, m.shadow);
+    spare_events.insert(spare_events.end(), m.fences.begin(), m.fences.end());
+    r.state = region_residency::host;
+    end_move(r);
   }
 
   // A started move becomes the region's.
@@ -355,10 +399,12 @@ struct residency_engine::impl {
     if (state == region_residency::moving_in) gate::set_incoming(r.id, true);  // Note [Waiting for a prefetch]
   }
 
-  // A move that failed to start: its staging VA and fence events go back to the pools.
+  // A move that failed to start: its staging VA and events go back to the pools.
   void recycle(const swap_region& r, move& m) {
     if (m.to_device) spare_shadows.emplace(r.bytes, m.shadow);
     spare_events.insert(spare_events.end(), m.fences.begin(), m.fences.end());
+    spare_events.insert(spare_events.end(), m.spare_fences.begin(), m.spare_fences.end());
+    if (m.done) spare_events.push_back(m.done);
   }
 
   // ---- finishing a move whose copy has completed (Note [Remap under the gate]) ----
@@ -373,6 +419,8 @@ struct residency_engine::impl {
     m.fences.clear();
     spare_events.push_back(m.done);
     m.done = nullptr;
+    spare_events.insert(spare_events.end(), m.spare_fences.begin(), m.spare_fences.end());
+    m.spare_fences.clear();
     if (m.cancelled || !r.live) {
       abandon(r, true);
       return false;
@@ -687,7 +735,7 @@ struct residency_engine::impl {
     // Prefetch in forecast order within the capacity, as pages allow (free ones, else the idle cache).
     for (swap_region* r : order) {
       if (r->state != region_residency::host || r->mv) continue;
-      if (committed + r->bytes > capacity || !start_prefetch(*r)) break;  // the next round continues
+      if (committed + r->bytes > capacity || !start_prefetch(*r, true)) break;  // the next round continues
       committed += r->bytes;
     }
   }
@@ -699,7 +747,7 @@ struct residency_engine::impl {
       if (!r->live || r->mv || r->state != region_residency::host) continue;
       if (gate::sequence(id) == r->evicted_seq) continue;  // not touched on host
       if (pages >= r->npages) {
-        if (start_prefetch(*r)) pages -= r->npages;
+        if (start_prefetch(*r, true)) pages -= r->npages;
         continue;
       }
       swap_region* victim = pick_victim(nullptr, false);
@@ -803,31 +851,43 @@ void residency_engine::tick() {
     src->current(m.fc, 4096);
     if (m.fc.learned) f = &m.fc;
   }
-  std::vector<swap_region*> ready;
-  {
-    std::lock_guard lock(m.mutex);
-    ready = m.poll_moves();
-    if (ready.empty()) {
-      m.source.maintain();
-      if (m.active()) m.policy(f);
-      return;
-    }
-  }
-  // Note [Remaps outside the lock]: the driver calls of the remaps run without the mutex.
+  // Note [Remaps outside the lock]: the driver calls of remaps, and of the prefetches the policy starts, run
+  // without the mutex, on regions marked busy.
+  std::unique_lock lock(m.mutex);
+  std::vector<swap_region*> ready = m.poll_moves();
   std::exception_ptr failure;
-  for (swap_region* r : ready) {
-    try {
-      m.remap_busy(*r);
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
+  if (!ready.empty()) {
+    lock.unlock();
+    for (swap_region* r : ready) {
+      try {
+        m.remap_busy(*r);
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
     }
+    lock.lock();
+    for (swap_region* r : ready) m.end_finish(*r);
+    m.busy_cv.notify_all();
   }
-  std::lock_guard lock(m.mutex);
-  for (swap_region* r : ready) m.end_finish(*r);
-  m.busy_cv.notify_all();
+  if (!failure) {
+    m.source.maintain();
+    if (m.active()) m.policy(f);  // after the finished evictions gave their pages back
+  }
+  std::vector<swap_region*> starting = std::exchange(m.starting, {});
+  if (!starting.empty()) {
+    lock.unlock();
+    for (swap_region* r : starting) {
+      try {
+        m.start_prefetch_copy(*r);
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    lock.lock();
+    for (swap_region* r : starting) m.end_start(*r);
+    m.busy_cv.notify_all();
+  }
   if (failure) std::rethrow_exception(failure);
-  m.source.maintain();
-  if (m.active()) m.policy(f);  // the evictions just finished gave their pages back
 }
 
 void residency_engine::set_streams_locked(std::span<const stream_handle> streams) {
@@ -908,7 +968,7 @@ bool residency_engine::evict_sync_locked() {
 bool residency_engine::request_locked(swap_region* r, bool to_device) {
   if (!impl_->active()) return false;  // Note [No tracker]
   impl_->wait_not_busy(*r);
-  return to_device ? impl_->start_prefetch(*r) : impl_->start_evict(*r, false);
+  return to_device ? impl_->start_prefetch(*r, false) : impl_->start_evict(*r, false);
 }
 
 std::size_t residency_engine::evictable_pages_locked() const noexcept {

@@ -529,6 +529,24 @@ struct residency_engine::impl {
     remap_busy(r);
   }
 
+  // tick(): `work` on each of `busy_regions` without the mutex (a failure is kept in `failure`, the rest go on),
+  // then `done` on each with it (Note [Remaps outside the lock]).
+  void outside_lock(std::unique_lock<std::mutex>& lock, const std::vector<swap_region*>& busy_regions,
+                    void (impl::*work)(swap_region&), void (impl::*done)(swap_region&), std::exception_ptr& failure) {
+    if (busy_regions.empty()) return;
+    lock.unlock();
+    for (swap_region* r : busy_regions) {
+      try {
+        (this->*work)(*r);
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    lock.lock();
+    for (swap_region* r : busy_regions) (this->*done)(*r);
+    busy_cv.notify_all();
+  }
+
   // Waits (releasing the mutex, which the caller holds) until `r` is not being remapped outside the mutex.
   void wait_not_busy(swap_region& r) {
     if (!r.busy) return;
@@ -854,39 +872,13 @@ void residency_engine::tick() {
   // Note [Remaps outside the lock]: the driver calls of remaps, and of the prefetches the policy starts, run
   // without the mutex, on regions marked busy.
   std::unique_lock lock(m.mutex);
-  std::vector<swap_region*> ready = m.poll_moves();
   std::exception_ptr failure;
-  if (!ready.empty()) {
-    lock.unlock();
-    for (swap_region* r : ready) {
-      try {
-        m.remap_busy(*r);
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-    }
-    lock.lock();
-    for (swap_region* r : ready) m.end_finish(*r);
-    m.busy_cv.notify_all();
-  }
+  m.outside_lock(lock, m.poll_moves(), &impl::remap_busy, &impl::end_finish, failure);
   if (!failure) {
     m.source.maintain();
     if (m.active()) m.policy(f);  // after the finished evictions gave their pages back
   }
-  std::vector<swap_region*> starting = std::exchange(m.starting, {});
-  if (!starting.empty()) {
-    lock.unlock();
-    for (swap_region* r : starting) {
-      try {
-        m.start_prefetch_copy(*r);
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-    }
-    lock.lock();
-    for (swap_region* r : starting) m.end_start(*r);
-    m.busy_cv.notify_all();
-  }
+  m.outside_lock(lock, std::exchange(m.starting, {}), &impl::start_prefetch_copy, &impl::end_start, failure);
   if (failure) std::rethrow_exception(failure);
 }
 

@@ -137,23 +137,28 @@ def main():
             s1.synchronize(); s2.synchronize()
             counter[0] += 1
 
+    def beside(measure, cases, unit):
+        """`measure()` alone and beside each background thread of `cases`; the median of 3 runs of each."""
+        out = {}
+        for name, target, args in cases:
+            times, cycles_done = [], 0
+            for _ in range(3):
+                stop, counter = threading.Event(), [0]
+                th = threading.Thread(target=target, args=(stop, *args, counter)) if target else None
+                if th:
+                    th.start(); time.sleep(0.01)
+                times.append(measure())
+                stop.set()
+                if th:
+                    th.join()
+                cycles_done += counter[0]
+            out[name] = {unit: sorted(times)[1], "all": times, "churn_cycles": cycles_done}
+            print(f"{measure.__name__} {name:20s} {sorted(times)[1]:8.3f} {unit}  ({cycles_done} cycles beside it)")
+        return out
+
     gemms(50)
-    gpu = {}
-    for name, target, args in (("alone", None, None), ("remap device pages", churn, (hd, True)),
-                               ("remap host pages", churn, (hh, False)), ("h2d+d2h copies", copies, ())):
-        times, cycles_done = [], 0
-        for _ in range(3):
-            stop, counter = threading.Event(), [0]
-            th = threading.Thread(target=target, args=(stop, *args, counter)) if target else None
-            if th:
-                th.start(); time.sleep(0.01)
-            times.append(gemms())
-            stop.set()
-            if th:
-                th.join()
-            cycles_done += counter[0]
-        gpu[name] = {"gemm_loop_ms": sorted(times)[1], "all_ms": times, "churn_cycles": cycles_done}
-        print(f"GEMM loop {name:20s} {sorted(times)[1]:8.2f} ms  ({cycles_done} remap/copy cycles beside it)")
+    gpu = beside(gemms, (("alone", None, None), ("remap device pages", churn, (hd, True)),
+                         ("remap host pages", churn, (hh, False)), ("h2d+d2h copies", copies, ())), "ms")
     # Launch-side cost: tiny launches (the launching thread's enqueue rate) alone and beside the remapping thread:
     # do VMM calls hold a driver lock that launches need?
     small = torch.zeros(256, device="cuda")
@@ -168,35 +173,10 @@ def main():
         return dt / n * 1e6
 
     launches(2000)
-    launch = {}
-    for name, target, args in (("alone", None, None), ("remap device pages", churn, (hd, True)),
-                               ("remap host pages", churn, (hh, False)), ("alone again", None, None)):
-        times, cycles_done = [], 0
-        for _ in range(3):
-            stop, counter = threading.Event(), [0]
-            th = threading.Thread(target=target, args=(stop, *args, counter)) if target else None
-            if th:
-                th.start(); time.sleep(0.01)
-            times.append(launches())
-            stop.set()
-            if th:
-                th.join()
-            cycles_done += counter[0]
-        launch[name] = {"us_per_launch": sorted(times)[1], "all_us": times, "churn_cycles": cycles_done}
-        print(f"launch {name:20s} {sorted(times)[1]:8.3f} us/launch  ({cycles_done} remap cycles beside it)")
-    # One cuMemUnmap over a range that several page mappings cover: accepted?
-    for i in range(size // gran):
-        ck(cu.cuMemMap(ctypes.c_ulonglong(va.value + i * gran), ctypes.c_size_t(gran), ctypes.c_size_t(0), hd,
-                       ctypes.c_ulonglong(i * gran)), "map page")
-    t = time.perf_counter()
-    r = cu.cuMemUnmap(va, ctypes.c_size_t(size))
-    one_unmap = {"result": r, "ms": (time.perf_counter() - t) * 1e3}
-    if r != 0:
-        for i in range(size // gran):
-            cu.cuMemUnmap(ctypes.c_ulonglong(va.value + i * gran), ctypes.c_size_t(gran))
-    print(f"one cuMemUnmap over {size // gran} page mappings: result {r}, {one_unmap['ms']:.3f} ms")
+    launch = beside(launches, (("alone", None, None), ("remap device pages", churn, (hd, True)),
+                               ("remap host pages", churn, (hh, False)), ("alone again", None, None)), "us")
     json.dump({"device": torch.cuda.get_device_name(), "mib": a.mib, "sleep_ms": a.sleep_ms, "results": results,
-               "gpu_side": gpu, "launch_side": launch, "one_unmap_over_pages": one_unmap}, open(a.out, "w"), indent=1)
+               "gpu_side": gpu, "launch_side": launch}, open(a.out, "w"), indent=1)
 
 
 if __name__ == "__main__":

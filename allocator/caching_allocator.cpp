@@ -244,6 +244,11 @@ struct caching_allocator::impl final : detail::page_source {
   void fence_locked(segment* seg);
   void poll_fences_locked();
   void start_fences_locked();
+  // An idle segment that can be destroyed without a host wait: fenced (Note [Unmap fences]) and not moving (a
+  // cancelled move still in flight, Note [Freeing a moved region]).
+  [[nodiscard]] bool reclaimable_now_locked(const segment* seg) const noexcept {
+    return seg->free_epoch <= seg->pool->fenced_epoch && !(seg->swap && engine->moving_locked(seg->swap));
+  }
   void destroy_segment_locked(segment* seg);
   device_ptr reserve_va_locked(std::size_t npages);
   void release_va_locked(device_ptr va, std::size_t npages);
@@ -551,8 +556,7 @@ bool caching_allocator::impl::reclaim_one_locked() {
   if (!idle.head) return false;
   poll_fences_locked();
   for (segment* seg = idle.head; seg; seg = seg->idle_hook.next) {
-    if (seg->free_epoch > seg->pool->fenced_epoch) continue;
-    if (seg->swap && engine->moving_locked(seg->swap)) continue;
+    if (!reclaimable_now_locked(seg)) continue;
     destroy_segment_locked(seg);
     return true;
   }
@@ -803,9 +807,7 @@ std::size_t caching_allocator::impl::reclaim_idle(std::size_t n) {
   segment* seg = idle.head;
   while (seg && idle_pages.size() < n) {
     segment* next = seg->idle_hook.next;
-    if (seg->free_epoch <= seg->pool->fenced_epoch && !(seg->swap && engine->moving_locked(seg->swap))) {
-      destroy_segment_locked(seg);  // its pages join idle_pages
-    }
+    if (reclaimable_now_locked(seg)) destroy_segment_locked(seg);  // its pages join idle_pages
     seg = next;
   }
   start_fences_locked();

@@ -104,6 +104,7 @@
 #include <exception>
 #include <limits>
 #include <map>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -215,13 +216,18 @@ struct residency_engine::impl {
     return port.create_event();
   }
 
+  // A pooled item of `bytes` from one of the size-keyed pools, if there is one.
+  template <class T>
+  static std::optional<T> take_pooled(std::multimap<std::size_t, T>& pool, std::size_t bytes) {
+    auto it = pool.find(bytes);
+    if (it == pool.end()) return std::nullopt;
+    T item = it->second;
+    pool.erase(it);
+    return item;
+  }
+
   device_ptr take_shadow(std::size_t bytes) {
-    auto it = spare_shadows.find(bytes);
-    if (it != spare_shadows.end()) {
-      const device_ptr va = it->second;
-      spare_shadows.erase(it);
-      return va;
-    }
+    if (const std::optional<device_ptr> va = take_pooled(spare_shadows, bytes)) return *va;
     const device_ptr va = port.reserve(bytes, gran);
     shadows.emplace_back(va, bytes);
     return va;
@@ -230,12 +236,7 @@ struct residency_engine::impl {
   // Host backing of `bytes`: a pooled one of that size, else a new one within LAYERSWAP_HOST_LIMIT (pooled ones
   // of other sizes are released first to make room). Throws device_out_of_memory when there is no room.
   host_backing take_host(std::size_t bytes) {
-    auto it = spare_host.find(bytes);
-    if (it != spare_host.end()) {
-      const host_backing h = it->second;
-      spare_host.erase(it);
-      return h;
-    }
+    if (const std::optional<host_backing> h = take_pooled(spare_host, bytes)) return *h;
     while (options.host_limit && host_bytes + bytes > options.host_limit && !spare_host.empty()) {
       auto victim = spare_host.begin();
       release_host(victim->first, victim->second);

@@ -30,8 +30,9 @@ layerswap on.
 
 import contextlib
 import math
-import os
+import pathlib
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -39,9 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# cuBLAS reads its workspace size (and with it, its reduction order) when PyTorch creates the first cuBLAS
-# handle; ":4096:8" is one of the two settings PyTorch accepts as deterministic.
-CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
+# The training sample's deterministic setup, SDPA backends and token batches serve here too (one definition).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "samples"))
+import train_transformer as sample  # noqa: E402
 
 CASES = ("llama-lora", "llama-full", "unet")
 
@@ -50,21 +51,13 @@ CASES = ("llama-lora", "llama-full", "unet")
 # Determinism
 # ---------------------------------------------------------------------------------------------------------
 
-def make_deterministic(seed):
-    """Everything PyTorch needs for bit-identical reruns. CUBLAS_WORKSPACE_CONFIG must be in the environment
-    before the first cuBLAS handle exists: the parent sets it for every worker, and this sets it again."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC_WORKSPACE)
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    torch.manual_seed(seed)
+make_deterministic = sample.make_deterministic  # everything PyTorch needs for bit-identical reruns
 
 
 def attention_backends():
     """scaled_dot_product_attention restricted to FlashAttention (whose backward honours
-    use_deterministic_algorithms) and the math fallback, as in samples/train_transformer.py."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
+    use_deterministic_algorithms) and the math fallback: the sample's deterministic choice."""
+    return sample.attention_backends(True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -179,16 +172,6 @@ def llama_groups(model):
 def llama_blocks(model):
     """The decoder layers, in order: what the block swapper and accelerate's offload work on."""
     return list(llama_base(model).model.layers)
-
-
-def make_token_batches(vocab, batch, seq, count, seed):
-    gen = torch.Generator(device="cpu")
-    gen.manual_seed(seed + 1)
-    out = []
-    for _ in range(count):
-        tokens = torch.randint(0, vocab, (batch, seq + 1), generator=gen, dtype=torch.long)
-        out.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
-    return out
 
 
 def llama_loss(model, batch, device):
@@ -354,7 +337,7 @@ def build_case(cfg):
         trainable = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0 if lora else 0.01,
                                 foreach=lora)
-        batches = make_token_batches(size.vocab, cfg.batch, cfg.seq, cfg.steps, cfg.seed)
+        batches = sample.make_batches(size.vocab, cfg.batch, cfg.seq, cfg.steps, cfg.seed)
         describe = {"arch": "LlamaForCausalLM (transformers, sdpa)", **asdict(size), "batch": cfg.batch,
                     "seq": cfg.seq, "dtype": "bfloat16",
                     "training": ("LoRA r=%d on q,k,v,o (peft; adapters fp32), AdamW foreach" % size.lora_r) if lora

@@ -751,6 +751,14 @@ def worker_train(spec, out, log):
 
     record = {}
     out["train"] = record
+    profiler = None
+    if cuda and spec.get("profile_steps") and side != "layerswap":  # layerswap holds CUPTI: no profiler there
+        profiler = GpuProfile(cfg.warmup, spec["profile_steps"])
+        chained = after_step
+
+        def after_step(step):
+            chained(step)
+            profiler.step()
     meter = sm.TransientMeter(built.model, built.optimizer, device) if cuda and side == "resident" else None
     try:
         sm.train(built, cfg, after_step=after_step, record=record, meter=meter,
@@ -764,6 +772,9 @@ def worker_train(spec, out, log):
                 except Exception as err:
                     out[key] = None
                     log(f"warning: torch.cuda.{fn.__name__} failed: {type(err).__name__}: {err}")
+        if profiler is not None:
+            out["gpu_profile"] = profiler.finish()
+            log(f"gpu profile: {out['gpu_profile']}")
         if meter is not None:  # it reset the peak counter at each cut during the warm-up steps
             out["peak_allocated"] = max(out.get("peak_allocated") or 0, meter.peak_allocated)
             out["transient_bytes"] = meter.peak_transient
@@ -792,6 +803,54 @@ def worker_train(spec, out, log):
     if ls is not None:
         timed = max(0, len(record.get("step_times_s", [])) - cfg.warmup)
         out["traffic"] = layerswap_traffic(snapshots.get("after_warmup"), snapshots.get("end"), timed)
+
+
+class GpuProfile:
+    """--profile-steps N: torch.profiler over N timed steps of a side without layerswap (which holds CUPTI). Says
+    where a step's wall time goes on the device: kernel time, copy time, and the time the device was busy at all
+    (the union of its kernels and copies), per step. Diagnostic only: profiled steps run slower on the CPU."""
+
+    def __init__(self, warmup, steps):
+        import torch
+        from torch.profiler import ProfilerActivity, profile, schedule
+        self.steps = steps
+        self.prof = profile(activities=[ProfilerActivity.CUDA],
+                            schedule=schedule(wait=max(0, warmup - 1), warmup=1, active=steps, repeat=1))
+        self.prof.__enter__()
+        self.done = False
+
+    def step(self):
+        if not self.done:
+            self.prof.step()
+
+    def finish(self):
+        if self.done:
+            return None
+        self.done = True
+        self.prof.__exit__(None, None, None)
+        from torch.autograd import DeviceType
+        spans, kernel_us, copy_us, kernels = [], 0.0, 0.0, 0
+        for e in self.prof.events():
+            if e.device_type != DeviceType.CUDA:
+                continue
+            start, end = e.time_range.start, e.time_range.end
+            spans.append((start, end))
+            if "memcpy" in e.name.lower() or "memset" in e.name.lower():
+                copy_us += end - start
+            else:
+                kernel_us += end - start
+                kernels += 1
+        busy, last = 0.0, None
+        for start, end in sorted(spans):
+            if last is None or start > last:
+                busy += end - start
+                last = end
+            elif end > last:
+                busy += end - last
+                last = end
+        n = self.steps
+        return {"steps": n, "kernel_s_per_step": kernel_us / n / 1e6, "copy_s_per_step": copy_us / n / 1e6,
+                "busy_s_per_step": busy / n / 1e6, "kernels_per_step": kernels / n}
 
 
 def run_worker(spec_path):
@@ -864,7 +923,7 @@ class Runner:
                     "wall_s": 0.0}
         out_path = self.tmpdir / f"{self.count:02d}-{side}.json"
         spec = {"side": side, "run": run_cfg, "out": str(out_path), "tag": tag, "verbose": self.args.verbose,
-                **extra}
+                "profile_steps": getattr(self.args, "profile_steps", 0), **extra}
         spec_path = self.tmpdir / f"{self.count:02d}-{side}.spec.json"
         spec_path.write_text(json.dumps(spec))
         cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", str(spec_path)]
@@ -1012,6 +1071,7 @@ def run_all(args, save=lambda res: None, runner_class=None):
                      "resident_peak_reserved": resident.get("peak_reserved"),
                      "resident_losses_hex": (resident.get("train") or {}).get("losses_hex"),
                      "resident_step_times_s": (resident.get("train") or {}).get("step_times_s"),
+                     "resident_gpu_profile": resident.get("gpu_profile"),
                      "groups": resident.get("groups")}
             res["models"][case] = model
             groups = resident.get("groups") or []
@@ -1113,7 +1173,9 @@ def run_peer(runner, peer, run_cfg, budget, peer_plan, resident, cuda, case, fra
            "cap_bytes": cap, "cap_enforced": capped,
            "within_cap": (peak <= cap) if (peak is not None and not r.get("error")) else None,
            "losses_bitwise_equal": eq, "first_differing_step": first_diff, "plan": r.get("peer_plan"),
-           "error": r.get("error")}
+           "error": r.get("error"), "step_times_s": (r.get("train") or {}).get("step_times_s")}
+    if r.get("gpu_profile"):
+        out["gpu_profile"] = r["gpu_profile"]
     if first_error:
         out["error_under_cap"] = first_error
     if not cuda:
@@ -1224,6 +1286,9 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="result JSON (default bench/results/swap.json; swap_quick.json with "
                                                "--quick; swap_cpu.json on a CPU)")
     p.add_argument("--verbose", action="store_true", help="print every training step of every worker")
+    p.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                   help="diagnostic: profile N timed steps of the sides without layerswap with torch.profiler and "
+                        "report their device busy time (slows those steps; not for the recorded results)")
     p.add_argument("--self-test", action="store_true", help="run the CPU self-tests and exit")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

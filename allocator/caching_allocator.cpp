@@ -513,6 +513,7 @@ void caching_allocator::impl::fence_locked(segment* seg) {
   const std::uint64_t now = epoch;
   event_handle e = take_event_locked();
   port.record(e, pool->stream);
+  if (engine) engine->release_holds_locked();  // the wait may reach a launch held on a prefetch
   port.wait(e);
   spare_events.push_back(e);
   ++st.num_host_waits;
@@ -672,6 +673,7 @@ void caching_allocator::impl::process_pending_locked(bool wait) {
     bool done = true;
     for (event_handle e : p.events) {
       if (wait) {
+        if (engine) engine->release_holds_locked();  // the wait may reach a launch held on a prefetch
         port.wait(e);
         ++st.num_host_waits;
       } else if (!port.query(e)) {
@@ -900,6 +902,7 @@ bool caching_allocator::deallocate(void* ptr) noexcept {
         // Could not record events (a destroyed stream?): wait for everything instead of risking reuse.
         LAYERSWAP_LOG(warn, "record_stream fence failed (%s); waiting for the device before reuse", e.what());
         try {
+          if (m.engine) m.engine->release_holds_locked();
           for (stream_handle s : streams) m.port.synchronize(s);
         } catch (...) {
         }
@@ -1105,7 +1108,9 @@ void caching_allocator::verify() const {
   for (std::size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].first < ranges[i - 1].second) fail("two segments overlap");
   }
-  const std::int64_t inflight = m.engine ? static_cast<std::int64_t>(m.engine->inflight_pages_locked() * m.gran) : 0;
+  const std::int64_t inflight =
+      m.engine ? static_cast<std::int64_t>((m.engine->inflight_pages_locked() + m.engine->own_pages_locked()) * m.gran)
+               : 0;
   const std::int64_t held =
       mapped_small + mapped_large + static_cast<std::int64_t>(m.idle_pages.size() * m.gran) + inflight;
   if (m.engine) {

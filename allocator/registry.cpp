@@ -181,7 +181,8 @@ std::string stats_report() {
                     "layerswap: device %d: swapping: %s to host in %lld evictions (%lld stalled an allocation), %s "
                     "back in %lld prefetches, %lld moves abandoned, %lld cancelled; host backing %s; regions %lld "
                     "swappable, %lld on the device, %lld on the host; hit rate %.4f (%llu of %llu launches found a "
-                    "region on the host); %llu launches waited %.3f s for a prefetch (%llu gave up)\n",
+                    "region on the host); %llu launches held on the GPU for a prefetch, %llu waited %.3f s on the host (%llu "
+                    "gave up)\n",
                     st.device, format_bytes(static_cast<std::uint64_t>(r.bytes_d2h)).c_str(),
                     static_cast<long long>(r.evictions), static_cast<long long>(r.stall_evictions),
                     format_bytes(static_cast<std::uint64_t>(r.bytes_h2d)).c_str(), static_cast<long long>(r.prefetches),
@@ -194,6 +195,7 @@ std::string stats_report() {
                                        : 1.0,
                     static_cast<unsigned long long>(r.launches_missed),
                     static_cast<unsigned long long>(r.launches_counted),
+                    static_cast<unsigned long long>(r.launch_holds),
                     static_cast<unsigned long long>(r.launch_waits), static_cast<double>(r.launch_wait_us) * 1e-6,
                     static_cast<unsigned long long>(r.launch_wait_timeouts));
       out += line;

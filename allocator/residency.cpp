@@ -121,6 +121,8 @@ namespace gate = residency_gate;
 namespace {
 constexpr std::uint64_t k_far = std::numeric_limits<std::uint64_t>::max();
 constexpr std::chrono::microseconds k_waited_period{20};
+constexpr std::size_t k_no_slot = ~std::size_t{0};
+constexpr std::chrono::microseconds k_policy_period{1000};
 }
 
 // A region's host backing: one host-located allocation, and a view of it (a VA of its own, mapped once) that
@@ -145,6 +147,8 @@ struct move {
   bool refused = false;              // the gate refused the remap: a launch touched the region (abandoned)
   bool remapped = false;             // remap_busy() completed
   bool sync = false;                 // a synchronous eviction (stall)
+  std::uint32_t ticket = 0;          // prefetch: the hold published (0: none; Note [Holds])
+  std::uint64_t number = 0;          // order of publication of the holds (release_holds)
 };
 
 struct swap_region {
@@ -162,6 +166,7 @@ struct swap_region {
   std::uint64_t evicted_seq = 0;  // gate sequence when it went to host (demand detection without a forecast)
   std::uint64_t rank = k_far;     // index in the last forecast; k_far: absent
   std::uint32_t group = 0;
+  std::size_t flag_slot = k_no_slot;  // its word in the hold flags (Note [Holds])
 };
 
 struct residency_engine::impl {
@@ -192,6 +197,16 @@ struct residency_engine::impl {
   std::size_t busy = 0;                 // regions being remapped outside the mutex
   std::condition_variable busy_cv;      // signalled (mutex held) when a remap outside the mutex ends
   std::vector<swap_region*> starting;   // prefetches the policy left for tick() to start without the mutex
+  // Note [Holds]: one granule of device memory, a 32-bit flag per region; the last ticket of each slot.
+  stream_handle sig = nullptr;          // the stream that writes the flags
+  device_ptr flags = 0;                 // 0: not set up yet
+  phys_handle flags_page = 0;
+  bool flags_failed = false;
+  std::vector<std::uint32_t> slot_ticket;
+  std::vector<std::size_t> free_slots;
+  std::atomic<std::size_t> held_moves{0};
+  std::chrono::steady_clock::time_point last_policy{};  // guarded by tick_mutex
+  std::uint64_t holds_published = 0;  // moves with a published hold (released by busy owners too)
 
   // ---- migration thread ----
   std::atomic<forecast_source*> forecaster{nullptr};
@@ -277,6 +292,90 @@ struct residency_engine::impl {
     host_bytes -= bytes;
   }
 
+  // ---- holds (Note [Holds]) ----
+  // The flags granule, set up at the first prefetch: one page of the budget (taken from the allocator's pool, so
+  // that the budget holds), kept for the engine's life. False (and holds off for now) when no page is free.
+  bool ensure_flags() {
+    if (flags) return true;
+    if (flags_failed) return false;
+    std::vector<phys_handle> page;
+    if (!source.take_pages(1, page)) return false;
+    device_ptr va = 0;
+    try {
+      va = port.reserve(gran, gran);
+      port.map(va, gran, page[0], 0);
+      port.set_access(va, gran);
+      const std::vector<std::byte> zeros(gran);
+      port.copy_from_host(va, zeros.data(), gran);
+      sig = port.create_stream();
+    } catch (const std::exception& e) {
+      try {
+        if (va) {
+          port.unmap(va, gran);
+          port.unreserve(va, gran);
+        }
+      } catch (...) {
+      }
+      source.give_pages(page);
+      flags_failed = true;
+      LAYERSWAP_LOG(info, "residency: no hold flags (%s); launches wait on the host for prefetches", e.what());
+      return false;
+    }
+    gate::add_internal_stream(reinterpret_cast<std::uint64_t>(sig));
+    flags = va;
+    flags_page = page[0];
+    slot_ticket.assign(gran / sizeof(std::uint32_t), 0);
+    free_slots.reserve(slot_ticket.size());
+    for (std::size_t i = slot_ticket.size(); i-- > 0;) free_slots.push_back(i);
+    return true;
+  }
+  // Publishes the hold of a prefetch whose copy (and fences) are enqueued: after the fences, so no fence can wait
+  // for a launch held on it. Mutex held and the region not busy, so that release_holds() can finish the move.
+  void publish_hold(swap_region& r, move& m) {
+    if (!gate::holding() || r.flag_slot == k_no_slot || !m.done) return;
+    m.ticket = ++slot_ticket[r.flag_slot];
+    if (m.ticket == 0) m.ticket = ++slot_ticket[r.flag_slot];  // 2^32 prefetches later: 0 means none
+    ++held_moves;
+    m.number = ++holds_published;
+    gate::publish_hold(r.id, {flag_address(r), m.ticket, r.id});
+  }
+  [[nodiscard]] device_ptr flag_address(const swap_region& r) const { return flags + r.flag_slot * sizeof(std::uint32_t); }
+  // The prefetch has ended (remapped, abandoned or cancelled): launches held on it may run. Never throws: a
+  // failed flag write is retried on the host path below, else logged (held launches would wait forever).
+  void release_hold(swap_region& r, move& m) noexcept {
+    if (m.ticket == 0) return;
+    gate::retract_hold(r.id);
+    const std::uint32_t ticket = std::exchange(m.ticket, 0);
+    --held_moves;
+    try {
+      port.stream_write_value(sig, flag_address(r), ticket);
+    } catch (const std::exception& e) {
+      try {
+        port.copy_from_host(flag_address(r), &ticket, sizeof ticket);
+      } catch (const std::exception&) {
+        LAYERSWAP_LOG(warn, "residency: could not release the launches held on region %u: %s", r.id, e.what());
+      }
+    }
+  }
+  // Finishes every prefetch with a published hold, waiting on the host for its copy: before any host wait on the
+  // program's streams with the mutex held, which could otherwise wait for a held launch (Note [Holds]).
+  // Never releases the mutex: a busy region with a hold is being remapped by the migration thread, which writes
+  // its flag without the mutex.
+  // Oldest hold first: a fenced prefetch's copy may wait for a launch held on an older prefetch (its fences come
+  // after that launch), never on a younger one.
+  void release_holds() {
+    if (held_moves == 0) return;
+    std::vector<swap_region*> held;
+    for (auto& [id, r] : regions) {
+      if (r->mv && r->mv->to_device && r->mv->ticket != 0 && !r->busy) held.push_back(r.get());
+    }
+    std::sort(held.begin(), held.end(), [](const swap_region* a, const swap_region* b) { return a->mv->number < b->mv->number; });
+    for (swap_region* r : held) {
+      port.wait(r->mv->done);
+      finish(*r);
+    }
+  }
+
   void unmap_pages(device_ptr va, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) port.unmap(va + i * gran, gran);
   }
@@ -293,6 +392,7 @@ struct residency_engine::impl {
   // (take_event, mutex held) or are created (tick(), without the mutex).
   void start_copy(swap_region& r, move& m, stream_handle copy_stream) {
     m.snapshot = gate::sequence(r.id);
+    if (m.to_device) m.snapshot -= std::min(m.snapshot, gate::held_sequence(r.id));  // Note [Held counters]
     for (stream_handle s : m.fence_streams) {
       event_handle e = m.spare_fences.empty() ? port.create_event() : pop(m.spare_fences);
       m.fences.push_back(e);
@@ -345,6 +445,10 @@ struct residency_engine::impl {
   // (Note [Remaps outside the lock]); otherwise it does that now.
   bool start_prefetch(swap_region& r, bool defer) {
     if (r.state != region_residency::host || r.mv || !r.live) return false;
+    if (r.flag_slot == k_no_slot && gate::holding() && ensure_flags() && !free_slots.empty()) {
+      r.flag_slot = free_slots.back();
+      free_slots.pop_back();
+    }
     auto m = std::make_unique<move>();
     m->to_device = true;
     if (!take_prefetch_pages(r.npages, m->pages)) return false;
@@ -365,6 +469,7 @@ struct residency_engine::impl {
       end_start(r);
       throw;
     }
+    publish_hold(r, *r.mv);
     return true;
   }
 
@@ -383,7 +488,10 @@ struct residency_engine::impl {
       --busy;
     }
     move& m = *r.mv;
-    if (m.done) return;
+    if (m.done) {
+      publish_hold(r, m);
+      return;
+    }
     for (std::size_t i = 0; i < m.mapped; ++i) port.unmap(m.shadow + i * gran, gran);
     source.give_pages(m.pages);
     spare_shadows.emplace(r.bytes, m.shadow);
@@ -452,17 +560,21 @@ struct residency_engine::impl {
   // for the prefetch) whether or not a call throws.
   void remap_busy(swap_region& r) {
     move& m = *r.mv;
-    if (!gate::try_begin_remap(r.id, m.snapshot)) {
+    if (!gate::try_begin_remap(r.id, m.snapshot, m.to_device)) {
       m.refused = true;
       return;
     }
     struct release {
+      impl& e;
       swap_region& r;
       ~release() {
         gate::end_remap(r.id);
-        if (r.mv->to_device) gate::set_incoming(r.id, false);  // Note [Waiting for a prefetch]
+        if (r.mv->to_device) {
+          gate::set_incoming(r.id, false);  // Note [Waiting for a prefetch]
+          e.release_hold(r, *r.mv);         // after the remap: Note [Holds]
+        }
       }
-    } guard{r};
+    } guard{*this, r};
     if (options.remap_hook) options.remap_hook(r.id);
     if (m.to_device) {
       port.unmap(r.va, r.bytes);  // the host mapping: one map() call
@@ -511,6 +623,7 @@ struct residency_engine::impl {
 
   void end_move(swap_region& r) {
     const bool incoming = r.mv->to_device;
+    if (incoming) release_hold(r, *r.mv);  // abandoned or cancelled: held launches run on the host copy
     r.mv.reset();
     --moves;
     if (incoming) gate::set_incoming(r.id, false);  // abandoned prefetches release their waiters too
@@ -566,6 +679,10 @@ struct residency_engine::impl {
   void settle(swap_region& r) {
     wait_not_busy(r);
     if (!r.mv) return;
+    if (!r.mv->to_device) {
+      release_holds();  // an eviction's fences may come after a held launch (Note [Holds])
+      if (!r.mv) return;
+    }
     port.wait(r.mv->done);
     finish(r);
   }
@@ -796,6 +913,16 @@ residency_engine::~residency_engine() {
     gate::remove_internal_stream(reinterpret_cast<std::uint64_t>(m.h2d));
     m.port.destroy_stream(m.d2h);
     m.port.destroy_stream(m.h2d);
+    if (m.flags) {
+      // Launches held earlier may not have read their flag yet: the program's streams first (Note [Holds]).
+      for (stream_handle s : m.streams) m.port.synchronize(s);
+      m.port.synchronize(m.sig);
+      gate::remove_internal_stream(reinterpret_cast<std::uint64_t>(m.sig));
+      m.port.destroy_stream(m.sig);
+      m.port.unmap(m.flags, m.gran);
+      m.port.release(m.flags_page);
+      m.port.unreserve(m.flags, m.gran);
+    }
   } catch (const std::exception& e) {
     LAYERSWAP_LOG(warn, "residency engine shutdown failed: %s", e.what());
   }
@@ -874,8 +1001,15 @@ void residency_engine::tick() {
   // without the mutex, on regions marked busy.
   std::unique_lock lock(m.mutex);
   std::exception_ptr failure;
-  m.outside_lock(lock, m.poll_moves(), &impl::remap_busy, &impl::end_finish, failure);
-  if (!failure) {
+  const std::vector<swap_region*> finished = m.poll_moves();
+  m.outside_lock(lock, finished, &impl::remap_busy, &impl::end_finish, failure);
+  // Note [Policy rounds]: the migration thread runs the policy when a move finished (pages and regions changed)
+  // or launches wait for a prefetch, else at most every k_policy_period: a round holds the allocator mutex for
+  // tens of microseconds, and the program's allocations wait meanwhile. A tick called by hand always runs it.
+  const auto now = std::chrono::steady_clock::now();
+  if (!failure && (!m.options.thread || !finished.empty() || gate::waiting() != 0 ||
+                   now - m.last_policy >= k_policy_period)) {
+    m.last_policy = now;
     m.source.maintain();
     if (m.active()) m.policy(f);  // after the finished evictions gave their pages back
   }
@@ -926,9 +1060,14 @@ bool residency_engine::remove_locked(swap_region* r) {
   const bool host_mapped = r->state == region_residency::host;
   if (host_mapped) m.port.unmap(r->va, r->bytes);
   gate::set_on_host(r->id, false);
+  if (r->flag_slot != k_no_slot) m.free_slots.push_back(r->flag_slot);  // its ticket count goes on
   if (r->host) m.spare_host.emplace(r->bytes, r->host);  // its view stays mapped for the next region
   m.regions.erase(r->id);
   return host_mapped;
+}
+
+void residency_engine::release_holds_locked() {
+  if (impl_->moves != 0) impl_->release_holds();
 }
 
 bool residency_engine::evict_sync_locked() {
@@ -975,6 +1114,8 @@ std::size_t residency_engine::evictable_pages_locked() const noexcept {
   return n;
 }
 
+std::size_t residency_engine::own_pages_locked() const noexcept { return impl_->flags ? 1 : 0; }
+
 std::size_t residency_engine::inflight_pages_locked() const noexcept {
   std::size_t n = 0;
   for (const auto& [id, r] : impl_->regions) {
@@ -998,6 +1139,7 @@ residency_stats residency_engine::stats_locked() const {
   s.launch_waits = waits.waits;
   s.launch_wait_us = waits.ns / 1000;
   s.launch_wait_timeouts = waits.timeouts;
+  s.launch_holds = waits.holds;
   for (const auto& [id, r] : m.regions) {
     if (!r->live) continue;
     ++s.regions_swappable;

@@ -70,6 +70,7 @@ struct residency_stats {
   std::uint64_t launch_waits = 0;      // launches that waited for a prefetch to land (process-wide)
   std::uint64_t launch_wait_us = 0;    // ... the time they waited in all (the stall time of launches)
   std::uint64_t launch_wait_timeouts = 0;  // ... of which gave up and ran on the host copy
+  std::uint64_t launch_holds = 0;      // launches held on the GPU for a prefetch instead (process-wide)
   bool active = false;                 // whether the engine moves regions (a fed gate or without_tracker)
 };
 
@@ -137,9 +138,13 @@ class residency_engine {
   bool evict_sync_locked();
   // Starts an eviction (or a prefetch) of `r` now; false when it cannot start.
   bool request_locked(swap_region* r, bool to_device);
+  // Finishes the prefetches that launches may be held on (host waits for their copies): call before any host wait
+  // on the program's streams made with the allocator mutex held (residency.cpp, Note [Holds]).
+  void release_holds_locked();
   // Device pages an evict_sync_locked() loop could free.
   [[nodiscard]] std::size_t evictable_pages_locked() const noexcept;
   [[nodiscard]] std::size_t inflight_pages_locked() const noexcept;  // taken by prefetches in flight
+  [[nodiscard]] std::size_t own_pages_locked() const noexcept;  // the engine's own (the hold flags: residency.cpp)
   [[nodiscard]] region_residency state_locked(const swap_region* r) const noexcept;
   [[nodiscard]] residency_stats stats_locked() const;
   // Checks the engine's invariants; returns "" or the first violation.

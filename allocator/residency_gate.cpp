@@ -14,6 +14,7 @@
 // by prepare() and never freed (a few hundred KiB for millions of regions), so the hot path is two loads.
 #include "allocator/residency_gate.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -35,6 +36,11 @@ struct entry {
   std::atomic<std::uint8_t> incoming{0};  // a prefetch is in flight (Note [Waiting for a prefetch])
   std::atomic<std::uint8_t> large{0};    // a large segment's region (mark_large)
   std::atomic<std::uint8_t> freed{0};    // its allocation was freed at least once (note_freed)
+  // Note [Holding a launch on the GPU]: the published hold (value 0: none), and the held launches' counters.
+  std::atomic<std::uint32_t> hold_value{0};
+  std::atomic<std::uint64_t> hold_flag{0};
+  std::atomic<std::uint32_t> held_issuing{0};
+  std::atomic<std::uint64_t> held_sequence{0};
 };
 
 struct chunk {
@@ -54,12 +60,15 @@ std::atomic<std::uint32_t> g_waiting{0};
 std::atomic<std::uint64_t> g_waits{0};
 std::atomic<std::uint64_t> g_wait_ns{0};
 std::atomic<std::uint64_t> g_wait_timeouts{0};
+std::atomic<std::uint64_t> g_holds{0};
+std::atomic<bool> g_holding{false};
 std::mutex g_wake_mutex;  // guards the pair below (set rarely; read once per wait, off the fast path)
 void (*g_wake)(void*) = nullptr;
 void* g_wake_context = nullptr;
 
-// Note [Waiting for a prefetch]: sleeps in short slices until the prefetch of `e` lands or the limit passes.
-void wait_incoming(entry& e) noexcept {
+// Note [Waiting for a prefetch]: sleeps in short slices until the prefetch of `e` lands or the limit passes, or,
+// with `until_hold`, until it publishes a hold (Note [Holding a launch on the GPU]).
+void wait_incoming(entry& e, bool until_hold = false) noexcept {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   g_waiting.fetch_add(1);
@@ -68,7 +77,7 @@ void wait_incoming(entry& e) noexcept {
     if (g_wake) g_wake(g_wake_context);
   }
   bool timed_out = false;
-  for (unsigned spins = 0; e.incoming.load() != 0; ++spins) {
+  for (unsigned spins = 0; e.incoming.load() != 0 && !(until_hold && e.hold_value.load() != 0); ++spins) {
     if (spins < 64) continue;
     if (clock::now() - start > std::chrono::microseconds(k_incoming_wait_us)) {
       timed_out = true;
@@ -125,6 +134,76 @@ void exit(region_id id, std::uint64_t launch_no) noexcept {
   e->issuing.fetch_sub(1);
 }
 
+// Note [Held counters]
+//   A held launch counts in both issuing and held_issuing, and bumps both sequence and held_sequence. Its
+//   held_* counter rises first and falls last, and the engine reads the plain counter first: it may then see
+//   more held than plain (clamped: no ordinary launch) or one ordinary launch too many (a refused remap, an
+//   abandoned move: safe), never miss an ordinary one.
+entry_state enter_holding(region_id id, hold& out) noexcept {
+  entry* e = find(id);
+  if (!e) return entry_state::device;
+  if (e == &g_unknown || !g_holding.load(std::memory_order_relaxed) || e->incoming.load(std::memory_order_relaxed) == 0) {
+    return enter(id) ? entry_state::host : entry_state::device;
+  }
+  if (e->hold_value.load() == 0) wait_incoming(*e, true);  // the copy is about to start: wait for its hold
+  e->held_issuing.fetch_add(1);
+  e->issuing.fetch_add(1);  // seq_cst: Note [Gate handshake]
+  const std::uint32_t value = e->hold_value.load();
+  if (value != 0) {
+    // The prefetch has not ended (the engine retracts the hold before it writes the flag), so the only remap of
+    // this region that can be in progress is the prefetch's own: the held launch runs after it anyway.
+    out.flag = e->hold_flag.load();
+    out.value = value;
+    out.region = id;
+    g_holds.fetch_add(1, std::memory_order_relaxed);
+    return entry_state::held;
+  }
+  // The prefetch ended meanwhile: an ordinary launch (Note [Gate handshake]).
+  e->issuing.fetch_sub(1);
+  e->held_issuing.fetch_sub(1);
+  return enter(id) ? entry_state::host : entry_state::device;
+}
+
+void exit_held(region_id id, std::uint64_t launch_no) noexcept {
+  entry* e = find(id);
+  if (!e) return;
+  e->held_sequence.fetch_add(1);
+  e->sequence.fetch_add(1);
+  e->last_use.store(launch_no);
+  e->issuing.fetch_sub(1);
+  e->held_issuing.fetch_sub(1);
+}
+
+void wait_hold_on_host(const hold& h) noexcept {
+  entry* e = find(h.region);
+  if (!e || e == &g_unknown) return;
+  for (unsigned spins = 0; e->hold_value.load() == h.value; ++spins) {
+    if (spins < 256) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void set_holding(bool on) noexcept { g_holding.store(on); }
+bool holding() noexcept { return g_holding.load(); }
+
+void publish_hold(region_id id, hold h) noexcept {
+  entry* e = find(id);
+  if (!e || e == &g_unknown || h.flag == 0 || h.value == 0) return;
+  e->hold_flag.store(h.flag);
+  e->hold_value.store(h.value);
+}
+
+std::uint32_t retract_hold(region_id id) noexcept {
+  entry* e = find(id);
+  if (!e || e == &g_unknown) return 0;
+  return e->hold_value.exchange(0);
+}
+
+std::uint64_t held_sequence(region_id id) noexcept {
+  const entry* e = find(id);
+  return e && e != &g_unknown ? e->held_sequence.load() : 0;
+}
+
 void set_fed(bool fed) noexcept { g_fed.store(fed); }
 bool fed() noexcept { return g_fed.load(); }
 
@@ -144,13 +223,20 @@ std::uint32_t issuing(region_id id) noexcept {
   return e ? e->issuing.load() : 0;
 }
 
-bool try_begin_remap(region_id id, std::uint64_t expected) noexcept {
+bool try_begin_remap(region_id id, std::uint64_t expected, bool held_ok) noexcept {
   entry* e = find(id);
   if (!e || e == &g_unknown) return false;  // never prepared: no way to exclude launches
   e->remapping.store(1);
   g_remapping.fetch_add(1);
-  if (e->issuing.load() != 0 || g_unknown.issuing.load() != 0 ||
-      e->sequence.load() + g_unknown.sequence.load() != expected) {
+  // Note [Held counters]: the plain counters first.
+  std::uint64_t issuing = e->issuing.load();
+  std::uint64_t seq = e->sequence.load() + g_unknown.sequence.load();
+  if (held_ok) {
+    const std::uint64_t held = e->held_issuing.load();
+    issuing = issuing > held ? issuing - held : 0;
+    seq -= std::min(seq, e->held_sequence.load());
+  }
+  if (issuing != 0 || g_unknown.issuing.load() != 0 || seq != expected) {
     g_remapping.fetch_sub(1);
     e->remapping.store(0);
     return false;
@@ -186,7 +272,7 @@ void clear_waiter_wake(void* context) noexcept {
 
 wait_counts waits() noexcept {
   return {g_waits.load(std::memory_order_relaxed), g_wait_ns.load(std::memory_order_relaxed),
-          g_wait_timeouts.load(std::memory_order_relaxed)};
+          g_wait_timeouts.load(std::memory_order_relaxed), g_holds.load(std::memory_order_relaxed)};
 }
 
 void mark_large(region_id id) noexcept {

@@ -11,7 +11,8 @@
 // on their streams after the snapshot).
 //
 // A launch that touches a region whose prefetch is in flight (set_incoming) waits in enter() for the prefetch to
-// land before it counts as issuing (Note [Waiting for a prefetch]).
+// land before it counts as issuing (Note [Waiting for a prefetch]), unless the tracker can hold it on the GPU
+// instead (enter_holding, Note [Holding a launch on the GPU]).
 //
 //   launching thread                         engine
 //   enter(r): issuing += 1                   snapshot s = sequence(r); record events; copy; wait
@@ -52,6 +53,32 @@ inline constexpr region_id k_unknown_region = 0xFFFFFFFFu;
 //   launch run on the host copy: slow, never wrong.
 inline constexpr std::uint64_t k_incoming_wait_us = 200'000;
 
+// Note [Holding a launch on the GPU]
+//   Waiting in enter() for a prefetch blocks the launching thread, and a training step is usually bound by that
+//   thread (PyTorch issues ~5,000 launches per step for a 1B model; the GPU idles between them): every wait adds to
+//   the step. Instead, once a prefetch's copy is enqueued the engine publishes a *hold* for the region: a 32-bit
+//   flag in device memory and a ticket value. A launch touching the region enters with enter_holding(): it takes
+//   the hold and does not wait; the tracker enqueues a stream wait "flag >= ticket" (cuStreamWaitValue32) on the
+//   launch's stream before the launch. The engine writes the ticket into the flag (on a stream of its own) only
+//   after the prefetch has ended: remapped to the device pages, or abandoned with the VA still on the host copy.
+//   So a held launch runs after the remap whatever the timing, the launching thread goes on at once, and the GPU
+//   waits only if the copy is really late.
+//   Held launches do not invalidate their prefetch: they cannot run before the remap, so the copy they would race
+//   with is already done. They count apart (held_issuing, held_sequence), and the prefetch's remap checks only
+//   the others (try_begin_remap with `held_ok`). For every other purpose (the next eviction's snapshot and remap,
+//   "untouched since its eviction") they are ordinary uses.
+//   Deadlock: a held launch blocks its stream until the engine finishes the prefetch. Nothing the prefetch needs
+//   waits on the program's streams after the hold (its fences were recorded before the hold was published), but a
+//   host wait on a program stream with the allocator mutex held would block the migration thread that must remap:
+//   the allocator first finishes the prefetches with published holds (residency_engine::release_holds_locked).
+//   A hold is published only after the move's fences are recorded, so no fence can wait for a launch held on it.
+struct hold {
+  std::uint64_t flag = 0;   // device address of the 32-bit flag; 0: no hold
+  std::uint32_t value = 0;  // run once *flag >= value
+  region_id region = 0;
+};
+enum class entry_state : std::uint8_t { device, host, held };
+
 // Makes sure the table holds `id` (allocates a chunk the first time). Not for the hot path. Thread-safe.
 void prepare(region_id id);
 
@@ -62,6 +89,17 @@ void prepare(region_id id);
 bool enter(region_id id) noexcept;
 // The launch that entered `id` is enqueued: bumps the region's use sequence, stamps its last use.
 void exit(region_id id, std::uint64_t launch_no) noexcept;
+// enter() for a tracker that can hold launches on the GPU (Note [Holding a launch on the GPU]): when the region's
+// prefetch has published a hold and holding is on (set_holding), fills `out` and returns held without waiting;
+// the tracker must then enqueue the stream wait before the launch and exit with exit_held(). Otherwise as enter().
+entry_state enter_holding(region_id id, hold& out) noexcept;
+void exit_held(region_id id, std::uint64_t launch_no) noexcept;
+// The tracker could not enqueue a hold's stream wait: waits on the host until the prefetch has ended (the hold is
+// retracted after the remap), as long as it takes: the launch is already entered as held.
+void wait_hold_on_host(const hold& h) noexcept;
+// Whether the tracker can enqueue the stream waits of holds (it found cuStreamWaitValue32). Off by default.
+void set_holding(bool on) noexcept;
+[[nodiscard]] bool holding() noexcept;
 
 // Whether a tracker feeds the gate (set by the tracker when it starts and stops). Without one the engine
 // must not move regions that launches might touch: it has no way to know they are idle.
@@ -76,12 +114,21 @@ void set_fed(bool fed) noexcept;
 [[nodiscard]] std::uint64_t last_use(region_id id) noexcept;
 // Launches touching `id` between enter() and exit() right now.
 [[nodiscard]] std::uint32_t issuing(region_id id) noexcept;
+// ... of which were held on a prefetch (Note [Holding a launch on the GPU]).
+[[nodiscard]] std::uint64_t held_sequence(region_id id) noexcept;
 // Starts a remap of `id` if no launch touching it is issuing and its sequence still equals `expected`;
-// otherwise changes nothing and returns false. A success must be followed by end_remap(id).
-[[nodiscard]] bool try_begin_remap(region_id id, std::uint64_t expected) noexcept;
+// otherwise changes nothing and returns false. A success must be followed by end_remap(id). With `held_ok` (a
+// prefetch's remap), held launches are left out of both: `expected` is then sequence - held_sequence at the
+// snapshot.
+[[nodiscard]] bool try_begin_remap(region_id id, std::uint64_t expected, bool held_ok = false) noexcept;
 void end_remap(region_id id) noexcept;
 // A prefetch of `id` is in flight (true from its start until it lands or is abandoned).
 void set_incoming(region_id id, bool incoming) noexcept;
+// The prefetch of `id` has enqueued its copy: launches may hold on `h` from now on (Note [Holding a launch on the
+// GPU]). retract_hold() ends that and returns the value published (0: none), which the engine must then write
+// into the flag once the prefetch has ended.
+void publish_hold(region_id id, hold h) noexcept;
+std::uint32_t retract_hold(region_id id) noexcept;
 // Launching threads waiting in enter() for a prefetch right now.
 [[nodiscard]] std::uint32_t waiting() noexcept;
 // Called (from the launching thread) when a launch starts waiting for a prefetch; null: nobody to wake.
@@ -92,6 +139,7 @@ struct wait_counts {
   std::uint64_t waits = 0;  // launches that waited for a prefetch
   std::uint64_t ns = 0;     // total time they waited
   std::uint64_t timeouts = 0;  // ... of which gave up after k_incoming_wait_us
+  std::uint64_t holds = 0;     // launches held on the GPU instead (Note [Holding a launch on the GPU])
 };
 [[nodiscard]] wait_counts waits() noexcept;
 

@@ -587,10 +587,14 @@ def layerswap_traffic(before, after, steps):
     if key and steps > 0:
         res["bytes_d2h_per_step"] = (fa[key] - fb.get(key, 0)) / steps
         res["sources"]["bytes_d2h_per_step"] = key
-    for name in ("launch_wait_s", "launch_waits", "stall_evictions", "abandoned", "lock_wait_s", "num_lock_waits"):
+    for name in ("launch_wait_s", "launch_waits", "launch_holds", "stall_evictions", "abandoned", "lock_wait_s",
+                 "num_lock_waits"):
         key = find(lambda k, n=name: k.endswith(n))
         if key and steps > 0:
             res[name + "_per_step"] = (fa[key] - fb.get(key, 0)) / steps
+    counted, missed = find(lambda k: k.endswith("launches_counted")), find(lambda k: k.endswith("launches_missed"))
+    if counted and missed and fa[counted] - fb.get(counted, 0) > 0:  # over the timed steps only
+        res["hit_rate_timed"] = 1 - (fa[missed] - fb.get(missed, 0)) / (fa[counted] - fb.get(counted, 0))
     key = find(lambda k: k.endswith("hit_rate"))
     if key:
         res["hit_rate"] = fa[key]
@@ -1142,9 +1146,11 @@ def fill_layerswap(c, ls, resident):
     c["bytes_h2d_per_step"] = traffic.get("bytes_h2d_per_step")
     c["bytes_d2h_per_step"] = traffic.get("bytes_d2h_per_step")
     c["hit_rate"] = traffic.get("hit_rate")
-    for name in ("launch_wait_s", "launch_waits", "stall_evictions", "abandoned", "lock_wait_s", "num_lock_waits"):
+    for name in ("launch_wait_s", "launch_waits", "launch_holds", "stall_evictions", "abandoned", "lock_wait_s",
+                 "num_lock_waits"):
         if traffic.get(name + "_per_step") is not None:
             c[name + "_per_step"] = traffic[name + "_per_step"]
+    c["hit_rate_timed"] = traffic.get("hit_rate_timed")  # the timed steps only (hit_rate: the whole run)
     c["stats_sources"] = traffic.get("sources")
     c["layerswap_stats"] = ls.get("layerswap_stats")
     c["layerswap_enabled_by"] = ls.get("enabled_by")

@@ -81,6 +81,7 @@ struct cuda_api {
   decltype(&::cuKernelGetParamInfo) kernel_get_param_info = nullptr;
   decltype(&::cuFuncGetParamInfo) func_get_param_info_driver = nullptr;
   decltype(&::cuFuncLoad) func_load = nullptr;
+  decltype(&::cuStreamWaitValue32) stream_wait_value = nullptr;  // holds (Note [Holding a launch on the GPU])
 };
 
 struct state {
@@ -182,6 +183,7 @@ bool load_locked(state& s) {
       get("cuKernelGetParamInfo", c.kernel_get_param_info);
       get("cuFuncGetParamInfo", c.func_get_param_info_driver);
       get("cuFuncLoad", c.func_load);
+      get("cuStreamWaitValue32", c.stream_wait_value);
     }
   }
   g_cuda = c;
@@ -428,6 +430,21 @@ void on_driver(tracker_core& core, thread_scratch& t, CUpti_CallbackId cbid, con
   }
 }
 
+// The holds the launch took (residency_gate.hpp, Note [Holding a launch on the GPU]): a stream wait each, on the
+// launch's stream, enqueued here in its API-enter callback, so before the launch itself. The wait is a driver
+// call the tracker does not subscribe to (no nested callback). If it fails, the launch must not run before the
+// prefetch ends: wait on the host for the flag's ticket by waiting for the prefetch (incoming cleared).
+void enqueue_holds(const thread_scratch& t) noexcept {
+  const auto wait_value = g_cuda.stream_wait_value;
+  for (int i = 0; i < t.gate.hold_count(); ++i) {
+    const residency_gate::hold& h = t.gate.held(i);
+    const CUresult r = wait_value ? wait_value(reinterpret_cast<CUstream>(t.stream), static_cast<CUdeviceptr>(h.flag),
+                                               h.value, CU_STREAM_WAIT_VALUE_GEQ)
+                                  : CUDA_ERROR_NOT_SUPPORTED;
+    if (r != CUDA_SUCCESS) residency_gate::wait_hold_on_host(h);
+  }
+}
+
 // LAYERSWAP_TRACK=subscribe-only: CUPTI's own cost per launch, with the same callbacks enabled.
 void CUPTIAPI on_callback_empty(void*, CUpti_CallbackDomain, CUpti_CallbackId, const void*) noexcept {}
 
@@ -453,6 +470,7 @@ void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId c
     t.nesting.runtime_enter();
     t.gate.open();
     on_runtime(*core, t, cbid, info);
+    if (t.gate.hold_count() != 0) enqueue_holds(t);
   } else if (domain == CUPTI_CB_DOMAIN_DRIVER_API) {
     if (t.nesting.driver_is_nested()) {
       if (info->callbackSite == CUPTI_API_ENTER) core->count_nested();
@@ -464,6 +482,7 @@ void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId c
     }
     t.gate.open();
     on_driver(*core, t, cbid, info);
+    if (t.gate.hold_count() != 0) enqueue_holds(t);
   }
 }
 
@@ -604,6 +623,7 @@ bool subscribe_locked(state& s) {
   if (!mode.subscribe_only) {
     s.core->start_consumer();
     residency_gate::set_fed(true);  // from here on every launch enters and exits the regions it touches
+    residency_gate::set_holding(g_cuda.stream_wait_value != nullptr);  // Note [Holding a launch on the GPU]
   }
   s.active.store(true);
   if (!s.exit_hook) {
@@ -618,6 +638,7 @@ bool subscribe_locked(state& s) {
 void unsubscribe_locked(state& s) {
   if (!s.active.load()) return;
   residency_gate::set_fed(false);  // the engine must not trust the gate's idleness from now on
+  residency_gate::set_holding(false);
   s.cupti.unsubscribe(s.subscriber);
   s.subscriber = nullptr;
   s.active.store(false);

@@ -17,6 +17,13 @@
 //   A launch touching more regions than the decoder's region_set holds is re-decoded into the frame directly
 //   (add(), deduplicated by a scan of the frame: slow, and only for such launches).
 //
+// Note [Held regions]
+//   A Gate that can hold launches on the GPU (residency_gate.hpp, Note [Holding a launch on the GPU]) has
+//   `enter_holding(id, hold&)` and `exit_held(id, launch_no)`. A region entered held is stored with k_held_bit
+//   set (region ids stay below 2^28), so that close() exits it with exit_held(); the newest frame's holds are
+//   kept (up to k_max_holds; past that a region is entered without holding) for the tracker to enqueue their
+//   stream waits before the launch (holds()).
+//
 // Gate is a type with static `bool enter(region_id)` (true: the region is backed by host pages) and
 // `exit(region_id, launch_no)` (noexcept): the residency gate in production, a recorder in the unit tests. Constant-initializable, so a thread_local needs no guard.
 #pragma once
@@ -24,6 +31,7 @@
 #include <cstdint>
 
 #include "allocator/region_map.hpp"
+#include "allocator/residency_gate.hpp"
 #include "profiler/arg_decoder.hpp"
 
 namespace layerswap::profiler {
@@ -33,6 +41,8 @@ class launch_gate {
  public:
   static constexpr int k_capacity = 4096;  // region ids held by all the open frames of one thread
   static constexpr int k_max_depth = 8;    // launches open at once on one thread
+  static constexpr int k_max_holds = 16;   // holds of one launch (Note [Held regions])
+  static constexpr region_id k_held_bit = 0x40000000u;
 
   // A launch's API-enter callback begins.
   void open() noexcept {
@@ -43,6 +53,7 @@ class launch_gate {
     }
     frames_[depth_++] = frame{count_, 0};
     on_host_ = false;
+    nholds_ = 0;
   }
 
   // Enters a region of the newest frame unless the frame already holds it. False when it was not entered:
@@ -50,7 +61,7 @@ class launch_gate {
   bool add(region_id id) noexcept {
     if (id == 0 || !writable()) return false;
     for (int i = frames_[depth_ - 1].begin; i < count_; ++i) {
-      if (ids_[i] == id) return false;
+      if ((ids_[i] & ~k_held_bit) == id || ids_[i] == id) return false;
     }
     return push(id);
   }
@@ -74,8 +85,9 @@ class launch_gate {
     }
     if (depth_ == 0) return;
     const frame f = frames_[--depth_];
-    for (int i = f.begin; i < count_; ++i) Gate::exit(ids_[i], f.launch_no);
+    for (int i = f.begin; i < count_; ++i) exit_one(ids_[i], f.launch_no);
     count_ = f.begin;
+    nholds_ = 0;
   }
   // Exits every open frame, newest first (the subscription changed under them).
   void close_all() noexcept {
@@ -89,6 +101,9 @@ class launch_gate {
   [[nodiscard]] int entered() const noexcept { return count_; }  // regions entered and not yet exited
   [[nodiscard]] std::uint64_t unguarded() const noexcept { return unguarded_; }
   [[nodiscard]] std::uint64_t too_deep() const noexcept { return deep_; }
+  // The holds taken by the newest frame (Note [Held regions]): the tracker enqueues their waits.
+  [[nodiscard]] int hold_count() const noexcept { return nholds_; }
+  [[nodiscard]] const residency_gate::hold& held(int i) const noexcept { return holds_[i]; }
 
  private:
   struct frame {
@@ -102,9 +117,33 @@ class launch_gate {
       ++unguarded_;
       return false;
     }
+    if constexpr (requires(residency_gate::hold& h) { Gate::enter_holding(id, h); }) {
+      if (id != residency_gate::k_unknown_region && nholds_ < k_max_holds) {
+        residency_gate::hold& h = holds_[nholds_];
+        switch (Gate::enter_holding(id, h)) {
+          case residency_gate::entry_state::held:
+            ++nholds_;
+            ids_[count_++] = id | k_held_bit;
+            return true;
+          case residency_gate::entry_state::host: on_host_ = true; break;
+          case residency_gate::entry_state::device: break;
+        }
+        ids_[count_++] = id;
+        return true;
+      }
+    }
     on_host_ = Gate::enter(id) || on_host_;
     ids_[count_++] = id;
     return true;
+  }
+  static void exit_one(region_id stored, std::uint64_t launch_no) noexcept {
+    if constexpr (requires { Gate::exit_held(stored, launch_no); }) {
+      if (stored != residency_gate::k_unknown_region && (stored & k_held_bit) != 0) {
+        Gate::exit_held(stored & ~k_held_bit, launch_no);
+        return;
+      }
+    }
+    Gate::exit(stored, launch_no);
   }
 
   // The counters first, the ids last: a launch with few regions touches the first lines only.
@@ -112,7 +151,9 @@ class launch_gate {
   int depth_ = 0;
   int excess_depth_ = 0;
   bool on_host_ = false;
+  int nholds_ = 0;
   frame frames_[k_max_depth];
+  residency_gate::hold holds_[k_max_holds];
   std::uint64_t unguarded_ = 0;
   std::uint64_t deep_ = 0;
   region_id ids_[k_capacity]{};

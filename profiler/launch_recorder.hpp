@@ -24,12 +24,17 @@ namespace layerswap::profiler {
 struct residency_gate_calls {
   static bool enter(region_id id) noexcept { return residency_gate::enter(id); }
   static void exit(region_id id, std::uint64_t launch_no) noexcept { residency_gate::exit(id, launch_no); }
+  static residency_gate::entry_state enter_holding(region_id id, residency_gate::hold& h) noexcept {
+    return residency_gate::enter_holding(id, h);
+  }
+  static void exit_held(region_id id, std::uint64_t launch_no) noexcept { residency_gate::exit_held(id, launch_no); }
 };
 
 // Ordered so that a launch with few regions touches the first few cache lines of each member: the counters
 // of the region_set and the gate come before their id arrays (about 2.3 KiB in all for such a launch).
 struct thread_scratch {
   std::uint32_t generation = 0;  // the subscription this thread's nesting and gate frames belong to
+  std::uint64_t stream = 0;      // the stream of the launch being recorded (where its holds' waits go)
   launch_nesting nesting;
   region_set regions;
   launch_gate<residency_gate_calls> gate;
@@ -67,6 +72,7 @@ inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn 
                           const char* name, std::uint64_t stream, void* const* args, void* const* extra) noexcept {
   region_set& regions = t.regions;
   regions.clear();
+  t.stream = stream;
   undecoded_reason reason = undecoded_reason::none;
   std::uint64_t query_context = 0;  // scratch for the query function (driver_query keeps a flag in it)
   const layout_lookup found = core.layouts().find_or_add(function, name, query, &query_context, t.params);
@@ -103,6 +109,7 @@ inline void record_copy(tracker_core& core, thread_scratch& t, launch_kind kind,
   if (stream != 0 && residency_gate::internal_stream(stream)) return;  // the residency engine's own move
   region_set& regions = t.regions;
   regions.clear();
+  t.stream = stream;
   detail::add_pointer(regions, dst);
   if (src != 0) detail::add_pointer(regions, src);
   t.gate.add_all(regions);

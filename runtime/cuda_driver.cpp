@@ -66,6 +66,8 @@ struct entry_points {
   decltype(&::cuStreamDestroy) stream_destroy = nullptr;
   decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
   decltype(&::cuStreamWaitEvent) stream_wait_event = nullptr;
+  decltype(&::cuStreamWriteValue32) stream_write_value = nullptr;  // optional: holds need them
+  decltype(&::cuStreamWaitValue32) stream_wait_value = nullptr;
   decltype(&::cuEventCreate) event_create = nullptr;
   decltype(&::cuEventDestroy) event_destroy = nullptr;
   decltype(&::cuEventRecord) event_record = nullptr;
@@ -181,6 +183,11 @@ library load_library() {
   if (!ok) {
     lib.load_error = CUDA_ERROR_NOT_FOUND;
     return lib;
+  }
+  if (!resolve(get_proc, "cuStreamWriteValue32", fn.stream_write_value, p) ||
+      !resolve(get_proc, "cuStreamWaitValue32", fn.stream_wait_value, p)) {
+    fn.stream_write_value = nullptr;
+    fn.stream_wait_value = nullptr;
   }
   lib.loaded = true;
   lib.load_error = CUDA_SUCCESS;
@@ -470,6 +477,20 @@ class cuda_driver final : public driver {
     context_scope scope(primary_);
     check(api().stream_wait_event(to_stream(stream), to_event(event), 0),
           [&] { return strprintf("cuStreamWaitEvent(stream=%p, event=%p)", stream, event); });
+  }
+
+  void stream_write_value(stream_handle stream, device_ptr addr, std::uint32_t value) override {
+    context_scope scope(primary_);
+    const auto fn = api().stream_write_value;
+    check(fn ? fn(to_stream(stream), addr, value, CU_STREAM_WRITE_VALUE_DEFAULT) : CUDA_ERROR_NOT_SUPPORTED,
+          [&] { return strprintf("cuStreamWriteValue32(stream=%p, 0x%llx, %u)", stream, hex(addr), value); });
+  }
+
+  void stream_wait_value(stream_handle stream, device_ptr addr, std::uint32_t value) override {
+    context_scope scope(primary_);
+    const auto fn = api().stream_wait_value;
+    check(fn ? fn(to_stream(stream), addr, value, CU_STREAM_WAIT_VALUE_GEQ) : CUDA_ERROR_NOT_SUPPORTED,
+          [&] { return strprintf("cuStreamWaitValue32(stream=%p, 0x%llx, %u)", stream, hex(addr), value); });
   }
 
   void copy_async(device_ptr dst, device_ptr src, std::size_t bytes, stream_handle stream) override {

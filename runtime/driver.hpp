@@ -66,6 +66,12 @@ class driver {
   // Makes future work on `stream` wait for `event` (no host blocking).
   virtual void stream_wait(stream_handle stream, event_handle event) = 0;
 
+  // Stream memory operations on a 32-bit word of mapped memory (4-byte aligned): when `stream` reaches it,
+  // write_value stores `value`; wait_value makes later work on `stream` wait until the word is >= `value`
+  // (unsigned). No host blocking. The residency engine's holds (allocator/residency_gate.hpp).
+  virtual void stream_write_value(stream_handle stream, device_ptr addr, std::uint32_t value) = 0;
+  virtual void stream_wait_value(stream_handle stream, device_ptr addr, std::uint32_t value) = 0;
+
   // Stream-ordered copy between any two mapped addresses (device or host-located pages).
   virtual void copy_async(device_ptr dst, device_ptr src, std::size_t bytes, stream_handle stream) = 0;
 

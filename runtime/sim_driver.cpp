@@ -34,6 +34,14 @@
 // record at the time of the call, so a later re-record does not change what the stream waits for. Records of
 // destroyed events still execute; waits on them still resolve.
 //
+// Note [Held work]
+// A stream memory wait (stream_wait_value) whose value has not been written holds everything queued behind it
+// on its stream: a GPU cannot start that work before some later write. map() and unmap() under such held work
+// are not violations (the residency engine remaps a region under launches it holds until the remap is done:
+// allocator/residency_gate.hpp, Note [Holding a launch on the GPU]); whatever the held work finds when it runs
+// is checked then, as for any operation. Value waits can form cycles (a wait for a write queued behind it): a
+// host call that would block on one reports the deadlock as below.
+//
 // Note [Deadlock]
 // A wait can only capture a record that was enqueued before it, so chains of waits cannot form a cycle: with
 // waits alone every stream can always drain. What can block forever is a closed gate (and whatever waits on a
@@ -115,13 +123,14 @@ device_ptr align_up(device_ptr value, std::size_t alignment) {
   return (value + alignment - 1) & ~static_cast<device_ptr>(alignment - 1);
 }
 
-enum class op_kind : std::uint8_t { kernel, copy, record, wait, gate };
+enum class op_kind : std::uint8_t { kernel, copy, record, wait, gate, value_wait, value_write };
 
 struct op {
   op_kind kind = op_kind::kernel;
   std::uint64_t number = 0;              // global enqueue order, for messages
   std::vector<sim_driver::access> ranges;  // kernel: its accesses; copy: {dst (write), src (read)}
-  std::uint64_t id = 0;                  // record, wait: a record sequence (0: nothing to wait for); gate: its id
+  std::uint64_t id = 0;                  // record, wait: a record sequence (0: nothing to wait for); gate: its id;
+                                         // value_wait, value_write: the value (ranges[0]: the 32-bit word)
   std::uint64_t event = 0;               // record, wait: the event's id
 };
 
@@ -329,6 +338,12 @@ struct sim_driver::impl {
       case op_kind::gate:
         what = "gate " + std::to_string(o.id) + " #" + std::to_string(o.number);
         break;
+      case op_kind::value_wait:
+        what = "wait for value " + std::to_string(o.id) + " at " + hex(o.ranges[0].va) + " #" + std::to_string(o.number);
+        break;
+      case op_kind::value_write:
+        what = "write of value " + std::to_string(o.id) + " at " + hex(o.ranges[0].va) + " #" + std::to_string(o.number);
+        break;
     }
     return what + " on " + stream_text(stream);
   }
@@ -344,12 +359,18 @@ struct sim_driver::impl {
   }
 
   // Describes the pending operations (on any stream but `except`) touching [va, va + bytes); "" when none.
-  std::string pending_touch_text(device_ptr va, std::size_t bytes, std::optional<std::uint64_t> except = {}) const {
+  // Operations queued behind a value wait whose value has not been written are left out when `held_ok`: they
+  // cannot start before some later write, and what they find then is checked when they run (Note [Held work]).
+  std::string pending_touch_text(device_ptr va, std::size_t bytes, std::optional<std::uint64_t> except = {},
+                                 bool held_ok = false) const {
     std::string first;
     std::size_t more = 0;
     for (const auto& [id, s] : streams) {
       if (except && *except == id) continue;
       for (const op& o : s.ops) {
+        if (held_ok && o.kind == op_kind::value_wait && !value_reached(o.ranges[0].va, static_cast<std::uint32_t>(o.id))) {
+          break;
+        }
         if (!touches(o, va, bytes)) continue;
         if (first.empty()) {
           first = op_text(o, id) + " (pending, " + ranges_text(o, va, bytes) + ")";
@@ -404,9 +425,25 @@ struct sim_driver::impl {
         return o.id == 0 || !pending_records.contains(o.id);
       case op_kind::gate:
         return !closed_gates.contains(o.id);
+      case op_kind::value_wait:
+        return value_reached(o.ranges[0].va, static_cast<std::uint32_t>(o.id));
       default:
         return true;
     }
+  }
+
+  // The 32-bit word at `va` (a stream memory operation's): its value, or nothing when it cannot be read.
+  [[nodiscard]] std::optional<std::uint32_t> word(device_ptr va) const {
+    fault why = fault::none;
+    const std::byte* p = const_cast<impl*>(this)->resolve(va, true, why);
+    if (p == nullptr || piece(va, 4) < 4) return std::nullopt;
+    std::uint32_t v = 0;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  [[nodiscard]] bool value_reached(device_ptr va, std::uint32_t value) const {
+    const std::optional<std::uint32_t> v = word(va);
+    return v && *v >= value;
   }
 
   void execute(const op& o, std::uint64_t stream) {
@@ -426,8 +463,20 @@ struct sim_driver::impl {
       case op_kind::record:
         pending_records.erase(o.id);
         break;
+      case op_kind::value_write: {
+        fault why = fault::none;
+        std::byte* p = resolve(o.ranges[0].va, true, why);
+        if (p == nullptr || piece(o.ranges[0].va, 4) < 4) {
+          violation(op_text(o, stream) + " faulted: the word is not mapped with access");
+        } else {
+          const auto v = static_cast<std::uint32_t>(o.id);
+          std::memcpy(p, &v, 4);
+        }
+        break;
+      }
       case op_kind::wait:
       case op_kind::gate:
+      case op_kind::value_wait:
         break;
     }
   }
@@ -493,6 +542,10 @@ struct sim_driver::impl {
   std::string blocked_text(const stream_state& s) const {
     const op& head = s.ops.front();
     if (head.kind == op_kind::gate) return stream_text(s.id) + " is stopped at closed gate " + std::to_string(head.id);
+    if (head.kind == op_kind::value_wait) {
+      return stream_text(s.id) + " waits for the value " + std::to_string(head.id) + " at " + hex(head.ranges[0].va) +
+             ", which no pending operation writes";
+    }
     std::string out = stream_text(s.id) + " waits for event " + std::to_string(head.event);
     auto it = pending_records.find(head.id);
     if (it != pending_records.end()) out += " (its record is pending on " + stream_text(it->second) + ")";
@@ -501,22 +554,43 @@ struct sim_driver::impl {
 
   // Runs what must run for record `sequence` to execute: its stream up to it, and first whatever that stream's
   // blocked head waits for (Note [Simulated streams]).
-  void complete_record(std::uint64_t sequence, const std::string& call) {
+  void complete_record(std::uint64_t sequence, const std::string& call, int depth = 0) {
     while (pending_records.contains(sequence)) {
       stream_state& s = streams.at(pending_records.at(sequence));
       if (run_one(s)) continue;
-      const op& head = s.ops.front();
-      if (head.kind != op_kind::wait) deadlock(call, blocked_text(s));
-      complete_record(head.id, call);  // cannot recurse forever: Note [Deadlock]
+      unblock(s, call, depth);
+    }
+  }
+
+  // Runs what the blocked head of `s` waits for: an event's record (cannot recurse forever: Note [Deadlock]), or
+  // a pending write of the value a value wait wants (value waits can form cycles, as on a GPU: depth-limited).
+  void unblock(stream_state& s, const std::string& call, int depth) {
+    const op& head = s.ops.front();
+    if (head.kind == op_kind::wait) {
+      complete_record(head.id, call, depth);
+      return;
+    }
+    if (head.kind != op_kind::value_wait || depth > 64) deadlock(call, blocked_text(s));
+    const device_ptr va = head.ranges[0].va;
+    const auto value = static_cast<std::uint32_t>(head.id);
+    while (!value_reached(va, value)) {
+      stream_state* writer = nullptr;
+      for (auto& [id, other] : streams) {
+        for (const op& o : other.ops) {
+          if (o.kind == op_kind::value_write && o.ranges[0].va == va && o.id >= value) writer = &other;
+        }
+        if (writer) break;
+      }
+      if (writer == nullptr || writer == &s) deadlock(call, blocked_text(s));
+      if (run_one(*writer)) continue;
+      unblock(*writer, call, depth + 1);
     }
   }
 
   void drain(stream_state& s, const std::string& call) {
     while (!s.ops.empty()) {
       if (run_one(s)) continue;
-      const op& head = s.ops.front();
-      if (head.kind != op_kind::wait) deadlock(call, blocked_text(s));
-      complete_record(head.id, call);
+      unblock(s, call, 0);
     }
   }
 
@@ -688,7 +762,7 @@ void sim_driver::map(device_ptr va, std::size_t bytes, phys_handle handle, std::
   if (existing != m.mappings.end() && existing->first < va + bytes) {
     fail(k_invalid_value, call, "already mapped at " + range_text(existing->first, existing->second.bytes));
   }
-  if (std::string hit = m.pending_touch_text(va, bytes); !hit.empty()) {
+  if (std::string hit = m.pending_touch_text(va, bytes, {}, /*held_ok=*/true); !hit.empty()) {
     m.violation(call + " while " + hit + ": pending work would see whichever mapping a real GPU happened to find");
   }
   m.mappings.emplace(va, mapping{bytes, handle, offset, std::vector<bool>(bytes / m.granularity, false)});
@@ -718,7 +792,7 @@ void sim_driver::unmap(device_ptr va, std::size_t bytes) {
     }
     at += it->second.bytes;
   }
-  if (std::string hit = m.pending_touch_text(va, bytes); !hit.empty()) {
+  if (std::string hit = m.pending_touch_text(va, bytes, {}, /*held_ok=*/true); !hit.empty()) {
     m.violation(call + " while " + hit + ": it would fault or read garbage on a GPU (DESIGN.md invariant 3)");
   }
   auto it = m.mappings.find(va);
@@ -830,6 +904,22 @@ void sim_driver::stream_wait(stream_handle stream, event_handle event) {
   std::uint64_t id = 0;
   const std::uint64_t sequence = m.event(event, call, &id).last_record;
   m.enqueue(m.stream(stream, call), op{op_kind::wait, 0, {}, sequence, id});
+}
+
+void sim_driver::stream_write_value(stream_handle stream, device_ptr addr, std::uint32_t value) {
+  impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  const std::string call = "stream_write_value(stream=" + hex_ptr(stream) + ", " + hex(addr) + ")";
+  if (addr % 4 != 0) fail(k_invalid_value, call, "the address must be 4-byte aligned");
+  m.enqueue(m.stream(stream, call), op{op_kind::value_write, 0, {access{addr, 4, true, 0}}, value, 0});
+}
+
+void sim_driver::stream_wait_value(stream_handle stream, device_ptr addr, std::uint32_t value) {
+  impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  const std::string call = "stream_wait_value(stream=" + hex_ptr(stream) + ", " + hex(addr) + ")";
+  if (addr % 4 != 0) fail(k_invalid_value, call, "the address must be 4-byte aligned");
+  m.enqueue(m.stream(stream, call), op{op_kind::value_wait, 0, {access{addr, 4, false, 0}}, value, 0});
 }
 
 void sim_driver::copy_async(device_ptr dst, device_ptr src, std::size_t bytes, stream_handle stream) {

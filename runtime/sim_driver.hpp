@@ -70,6 +70,8 @@ class sim_driver final : public driver {
   [[nodiscard]] bool query(event_handle event) override;
   void wait(event_handle event) override;
   void stream_wait(stream_handle stream, event_handle event) override;
+  void stream_write_value(stream_handle stream, device_ptr addr, std::uint32_t value) override;
+  void stream_wait_value(stream_handle stream, device_ptr addr, std::uint32_t value) override;
   void copy_async(device_ptr dst, device_ptr src, std::size_t bytes, stream_handle stream) override;
   void copy_to_host(void* dst, device_ptr src, std::size_t bytes) override;
   void copy_from_host(device_ptr dst, const void* src, std::size_t bytes) override;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -144,6 +145,44 @@ TEST(CudaDriver, StreamWaitOrdersWorkAcrossStreams) {
   free_region(*port, a);
   free_region(*port, b);
   free_region(*port, c);
+}
+
+// The holds of the residency engine (allocator/residency_gate.hpp): work queued behind a value wait does not run
+// until another stream writes the value, however long the host takes, and then runs.
+TEST(CudaDriver, ValueWaitHoldsAStreamUntilTheValueIsWritten) {
+  if (layerswap::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU: skipped";
+  auto port = make_cuda_driver(0);
+  const std::size_t g = port->granularity();
+  const region flag = make_region(*port, g, memory_location::device);
+  const region a = make_region(*port, g, memory_location::device);
+  const region b = make_region(*port, g, memory_location::device);
+  const std::vector<std::byte> zeros(g);
+  port->copy_from_host(flag.va, zeros.data(), g);
+  const std::vector<std::byte> in = pattern(g, 5);
+  port->copy_from_host(a.va, in.data(), g);
+  port->copy_from_host(b.va, zeros.data(), g);
+  const stream_handle held = port->create_stream();
+  const stream_handle writer = port->create_stream();
+  const event_handle done = port->create_event();
+  port->stream_wait_value(held, flag.va + 12, 7);
+  port->copy_async(b.va, a.va, g, held);
+  port->record(done, held);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(port->query(done)) << "work behind an unmet value wait ran";
+  port->stream_write_value(writer, flag.va + 12, 6);  // below the value: still held
+  port->synchronize(writer);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(port->query(done)) << "a smaller value released the wait (it must wait for >=)";
+  port->stream_write_value(writer, flag.va + 12, 7);
+  port->wait(done);
+  EXPECT_EQ(difference(in, read_back(*port, b.va, g)), "");
+
+  port->destroy_event(done);
+  port->destroy_stream(held);
+  port->destroy_stream(writer);
+  free_region(*port, flag);
+  free_region(*port, a);
+  free_region(*port, b);
 }
 
 TEST(CudaDriver, QueryBecomesTrueOnceTheWorkIsDone) {

@@ -85,6 +85,27 @@ struct harness {
     const std::uint64_t n = ++launch_no;
     for (region_id id : ids) gate::exit(id, n);
   }
+  // ... framed as a tracker that holds launches on the GPU frames it (residency_gate.hpp, Note [Holding a launch
+  // on the GPU]): each hold becomes a stream wait before the launch. Returns the number of holds.
+  int launch_holding(stream_handle s, std::vector<sim_access> acc) {
+    std::vector<std::pair<region_id, bool>> ids;
+    std::vector<residency_gate::hold> holds;
+    for (const auto& a : acc) {
+      const region_id id = region_map::lookup(a.va);
+      if (!id || std::any_of(ids.begin(), ids.end(), [&](const auto& e) { return e.first == id; })) continue;
+      residency_gate::hold hd;
+      const bool held = gate::enter_holding(id, hd) == residency_gate::entry_state::held;
+      if (held) holds.push_back(hd);
+      ids.emplace_back(id, held);
+    }
+    for (const residency_gate::hold& hd : holds) sim.stream_wait_value(s, hd.flag, hd.value);
+    sim.launch(s, acc);
+    const std::uint64_t n = ++launch_no;
+    for (auto [id, held] : ids) {
+      if (held) gate::exit_held(id, n); else gate::exit(id, n);
+    }
+    return static_cast<int>(holds.size());
+  }
   void write(stream_handle s, void* p, std::size_t bytes, std::uint8_t v) {
     launch(s, {{reinterpret_cast<device_ptr>(p), bytes, true, v}});
   }
@@ -552,11 +573,17 @@ struct live_alloc {
 
 enum class forecast_mode { right, wrong, absent };
 
-void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats& out) {
+// `holding`: launches are held on the GPU for prefetches in flight (Note [Holding a launch on the GPU]), on an
+// eager device without the migration thread, so that the test's ticks finish the prefetches they wait for.
+void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats& out, bool holding = false) {
   std::mt19937 rng(seed);
   auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
   const std::size_t budget = (6 + pick(14)) * 2 * MiB;
-  const bool eager = pick(2) == 0;
+  const bool eager = pick(2) == 0 || holding;
+  residency_gate::set_holding(holding);
+  struct holding_off {
+    ~holding_off() { residency_gate::set_holding(false); }
+  } restore;
   fixed_forecast f;  // outlives the allocator (and its migration thread)
   harness h(budget, eager, thread);
   stream_handle streams[] = {h.s1, h.s2, nullptr};
@@ -583,7 +610,17 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
     f.set(order);
   };
 
+  auto launch = [&](stream_handle s, std::vector<sim_access> acc) {
+    if (holding) {
+      h.launch_holding(s, std::move(acc));
+    } else {
+      h.launch(s, std::move(acc));
+    }
+  };
   auto check_contents = [&] {
+    // Finishes the prefetches held launches wait for (a prefetch fenced behind a launch held on another lands a
+    // tick after that one), as the migration thread would.
+    for (int i = 0; holding && i < 6; ++i) h.alloc.residency_tick();
     h.sim.run_all();
     for (const live_alloc& l : live) {
       if (l.value < 0) continue;
@@ -617,12 +654,12 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
       const auto v = static_cast<std::uint8_t>(1 + pick(250));
       std::vector<sim_access> acc{{reinterpret_cast<device_ptr>(target.p), target.bytes, true, v}};
       target.value = v;
-      h.launch(target.home, acc);
+      launch(target.home, acc);
       for (int k = 0; k < 2; ++k) {
         const live_alloc& r = live[pick(live.size())];
         if (r.p == target.p) continue;
         stream_handle s = streams[pick(3)];
-        h.launch(s, {{reinterpret_cast<device_ptr>(r.p), r.bytes, false, 0}});
+        launch(s, {{reinterpret_cast<device_ptr>(r.p), r.bytes, false, 0}});
         if (s != r.home) h.alloc.record_stream(r.p, s);
       }
     } else if (op < 80) {  // plan the next launches (what a right forecast knows)
@@ -647,6 +684,7 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   }
   check_contents();
   for (const live_alloc& l : live) h.alloc.deallocate(l.p);
+  for (int i = 0; holding && i < 6; ++i) h.alloc.residency_tick();
   h.sim.run_all();
   h.alloc.residency_tick();
   h.alloc.empty_cache();
@@ -657,11 +695,12 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
 }
 
 // Runs seeds [first, last] and checks that they swapped at all (a stress test that moves nothing proves nothing).
-void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, bool thread) {
+void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, bool thread, bool holding = false) {
   residency_stats sum;
+  const std::uint64_t holds_before = residency_gate::waits().holds;
   for (std::uint32_t seed = first; seed <= last; ++seed) {
     residency_stats st;
-    stress(seed, mode, thread, st);
+    stress(seed, mode, thread, st, holding);
     if (::testing::Test::HasFatalFailure()) return;
     sum.evictions += st.evictions;
     sum.prefetches += st.prefetches;
@@ -675,6 +714,11 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
               static_cast<long long>(sum.cancelled));
   EXPECT_GT(sum.evictions, 0);
   EXPECT_GT(sum.prefetches, 0);
+  if (holding) {
+    const std::uint64_t holds = residency_gate::waits().holds - holds_before;
+    std::printf("  held launches: %llu\n", static_cast<unsigned long long>(holds));
+    EXPECT_GT(holds, 0u) << "no launch was ever held: the test proves nothing about holds";
+  }
 }
 
 TEST(ResidencyStress, RightForecast) {
@@ -687,6 +731,11 @@ TEST(ResidencyStress, WrongForecast) {
 
 TEST(ResidencyStress, NoForecast) {
   stress_seeds(201, 212, forecast_mode::absent, false);
+}
+
+TEST(ResidencyStress, HeldLaunches) {
+  stress_seeds(401, 412, forecast_mode::right, false, true);
+  stress_seeds(413, 418, forecast_mode::wrong, false, true);
 }
 
 TEST(ResidencyStress, MigrationThreadRunning) {
@@ -842,6 +891,95 @@ TEST(ResidencyGate, LaunchWaitsForAnIncomingPrefetch) {
   EXPECT_EQ(after.timeouts, before.timeouts);
   residency_gate::clear_waiter_wake(&context);  // not the registered one: no effect
   residency_gate::clear_waiter_wake(&woken);
+}
+
+// Turns holding on for one test (the tracker does it when it finds cuStreamWaitValue32).
+struct holding_on {
+  holding_on() { residency_gate::set_holding(true); }
+  ~holding_on() { residency_gate::set_holding(false); }
+};
+
+// Note [Holding a launch on the GPU]: a launch touching a region whose prefetch is in flight is held on the GPU
+// instead of waiting on the host; it runs only after the remap, on the device pages, and does not make the engine
+// abandon the prefetch.
+TEST(Residency, HeldLaunchRunsAfterThePrefetchLands) {
+  holding_on on;
+  harness h(64 * MiB);
+  void* a = h.alloc.allocate(4 * MiB, h.s1);
+  h.write(h.s1, a, 4 * MiB, 0x5a);
+  ASSERT_TRUE(h.alloc.request_evict(a));
+  h.alloc.residency_tick();
+  ASSERT_EQ(h.alloc.residency_of(a), region_residency::host);
+  ASSERT_TRUE(h.alloc.request_prefetch(a));  // eager: its copy has run, its remap waits for the next tick
+  ASSERT_EQ(h.alloc.residency_of(a), region_residency::moving_in);
+  const std::uint64_t holds_before = h.alloc.residency().launch_holds;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(h.launch_holding(h.s1, {{reinterpret_cast<device_ptr>(a), 4 * MiB, true, 0x77}}), 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100)) << "the launch waited on the host";
+  EXPECT_EQ(h.alloc.residency().launch_holds, holds_before + 1);
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 0x5a)) << "the held launch ran before the prefetch landed";
+  h.alloc.residency_tick();  // remap, then the flag: the held launch runs (eager) on the device pages
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::device);
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 0x77)) << "the held launch's write was lost";
+  const residency_stats st = h.alloc.residency();
+  EXPECT_EQ(st.prefetches, 1);
+  EXPECT_EQ(st.abandoned, 0) << "a held launch made the engine abandon its prefetch";
+  // The next eviction counts the held launch as a use like any other: its copy holds the write.
+  ASSERT_TRUE(h.alloc.request_evict(a));
+  h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::host);
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 0x77));
+  h.alloc.deallocate(a);
+  h.expect_clean();
+}
+
+// An ordinary launch (one the tracker could not hold) during the prefetch still makes the engine abandon it; a
+// launch held on it meanwhile then runs on the host copy, which is current.
+TEST(Residency, AbandonedPrefetchReleasesItsHeldLaunches) {
+  holding_on on;
+  harness h(64 * MiB);
+  void* a = h.alloc.allocate(4 * MiB, h.s1);
+  h.write(h.s1, a, 4 * MiB, 0x5a);
+  ASSERT_TRUE(h.alloc.request_evict(a));
+  h.alloc.residency_tick();
+  ASSERT_TRUE(h.alloc.request_prefetch(a));
+  EXPECT_EQ(h.launch_holding(h.s2, {{reinterpret_cast<device_ptr>(a), 4 * MiB, false, 0}}), 1);
+  gate::set_incoming(harness::id_of(a), false);  // as if the launch below came through a path that cannot hold
+  h.write(h.s1, a, 2 * MiB, 0x31);
+  h.alloc.residency_tick();  // abandons the prefetch (then, without a forecast, starts it again: touched on host)
+  EXPECT_EQ(h.alloc.residency().abandoned, 1);
+  EXPECT_EQ(h.alloc.residency().prefetches, 0);
+  EXPECT_NO_THROW(h.sim.run_all()) << "the launch held on the abandoned prefetch was never released";
+  for (int i = 0; i < 4 && h.alloc.residency_of(a) != region_residency::device; ++i) h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::device);
+  EXPECT_TRUE(h.holds(a, 2 * MiB, 0x31));
+  EXPECT_TRUE(h.holds(static_cast<char*>(a) + 2 * MiB, 2 * MiB, 0x5a));
+  h.alloc.deallocate(a);
+  h.expect_clean();
+}
+
+// Note [Holds] (residency.cpp): a host wait the allocator makes with its mutex held (here the fence of an idle
+// segment to reclaim) may reach a launch held on a prefetch; the allocator finishes such prefetches first, or the
+// wait would never end (the simulated device reports the deadlock).
+TEST(Residency, AllocatorHostWaitDoesNotDeadlockOnAHeldLaunch) {
+  holding_on on;
+  harness h(14 * MiB);  // a, b, the prefetch's pages and the hold flags' page
+  void* a = h.alloc.allocate(4 * MiB, h.s1);
+  h.write(h.s1, a, 4 * MiB, 0x5a);
+  ASSERT_TRUE(h.alloc.request_evict(a));
+  h.alloc.residency_tick();
+  void* b = h.alloc.allocate(4 * MiB, h.s1);
+  h.write(h.s1, b, 4 * MiB, 0x11);
+  ASSERT_TRUE(h.alloc.request_prefetch(a));
+  EXPECT_EQ(h.launch_holding(h.s1, {{reinterpret_cast<device_ptr>(a), 4 * MiB, true, 0x66}}), 1);
+  h.alloc.deallocate(b);  // cached; its segment's fence is behind the held launch on s1
+  void* c = nullptr;
+  ASSERT_NO_THROW(c = h.alloc.allocate(8 * MiB, h.s1));  // reclaims b: a host wait on s1
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::device);
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 0x66));
+  h.alloc.deallocate(c);
+  h.alloc.deallocate(a);
+  h.expect_clean();
 }
 
 // A prefetch that never lands (stuck behind work that never completes) lets the launch run on the host copy.

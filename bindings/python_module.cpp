@@ -137,6 +137,7 @@ PYBIND11_MODULE(_C, m) {
     out["LAYERSWAP_TRACK"] = track_name(c.track);
     out["LAYERSWAP_TRACK_API"] = c.track_api == config::track_api_mode::driver ? "driver" : "both";
     out["LAYERSWAP_TRACE"] = c.trace.empty() ? "none" : c.trace;
+    out["LAYERSWAP_HOLD"] = c.hold ? "1" : "0";
     return out;
   }, "The settings in force, by variable name.");
   m.def("describe_config", [] { return global_config().describe(); });

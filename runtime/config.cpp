@@ -25,7 +25,7 @@ namespace {
 // Rows of the table, in table order.
 enum row : std::size_t {
   row_enable, row_budget, row_log, row_stats, row_va_reserve, row_track, row_track_api, row_trace,
-  row_prefetch, row_pin, row_host_limit, row_count
+  row_prefetch, row_pin, row_host_limit, row_hold, row_count
 };
 
 constexpr setting_info k_settings[row_count] = {
@@ -60,6 +60,8 @@ constexpr setting_info k_settings[row_count] = {
      "Groups swapping never evicts: the first and last groups used in a step, or the first ones up to a size"},
     {"LAYERSWAP_HOST_LIMIT", "none", "a size such as 64GiB, or none",
      "Cap on the pinned host memory that backs swapped-out regions (none: as much as the host gives)"},
+    {"LAYERSWAP_HOLD", "1", "0 or 1 (also true/false, on/off, yes/no)",
+     "A launch that needs a region still being prefetched waits on the GPU (1) rather than on the host (0)"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";
@@ -417,6 +419,7 @@ std::string config::describe() const {
     line(row_pin, pin.empty() ? "none" : pin, "  (default)");
   }
   line(row_host_limit, host_limit ? format_size(host_limit) : std::string("none"), "  (default)");
+  line(row_hold, hold ? "1" : "0", "  (default)");
   for (const auto& message : unknown) {
     out += message;
     out += '\n';
@@ -468,6 +471,7 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
 
   if (const auto level = given(row_log)) result.log = parse_log_level(k_settings[row_log].name, *level);
   if (const auto stats = given(row_stats)) result.stats = parse_bool(k_settings[row_stats].name, *stats);
+  if (const auto hold = given(row_hold)) result.hold = parse_bool(k_settings[row_hold].name, *hold);
 
   if (const auto reserve = given(row_va_reserve)) {
     const auto* name = k_settings[row_va_reserve].name;

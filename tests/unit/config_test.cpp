@@ -64,7 +64,7 @@ std::string config_error_of(const vars& v) {
 
 TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   const auto table = settings_table();
-  ASSERT_EQ(table.size(), 11u);
+  ASSERT_EQ(table.size(), 12u);
   std::vector<std::string> names;
   for (const auto& info : table) {
     names.emplace_back(info.name);
@@ -73,7 +73,7 @@ TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   }
   EXPECT_EQ(names, (std::vector<std::string>{"LAYERSWAP", "LAYERSWAP_BUDGET", "LAYERSWAP_LOG", "LAYERSWAP_STATS",
                                              "LAYERSWAP_VA_RESERVE", "LAYERSWAP_TRACK", "LAYERSWAP_TRACK_API", "LAYERSWAP_TRACE",
-                                             "LAYERSWAP_PREFETCH", "LAYERSWAP_PIN", "LAYERSWAP_HOST_LIMIT"}));
+                                             "LAYERSWAP_PREFETCH", "LAYERSWAP_PIN", "LAYERSWAP_HOST_LIMIT", "LAYERSWAP_HOLD"}));
   EXPECT_STREQ(row("LAYERSWAP").default_value, "0");
   EXPECT_STREQ(row("LAYERSWAP_BUDGET").default_value, "none");
   EXPECT_STREQ(row("LAYERSWAP_LOG").default_value, "warn");
@@ -529,7 +529,8 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_TRACE=none  (default)\n"
             "LAYERSWAP_PREFETCH=auto  (default)\n"
             "LAYERSWAP_PIN=none  (default)\n"
-            "LAYERSWAP_HOST_LIMIT=none  (default)\n");
+            "LAYERSWAP_HOST_LIMIT=none  (default)\n"
+            "LAYERSWAP_HOLD=1  (default)\n");
 }
 
 TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
@@ -550,6 +551,7 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_PREFETCH=auto  (default)\n"
             "LAYERSWAP_PIN=none  (default)\n"
             "LAYERSWAP_HOST_LIMIT=none  (default)\n"
+            "LAYERSWAP_HOLD=1  (default)\n"
             "unknown setting LAYERSWAP_BUGDET=1 (did you mean LAYERSWAP_BUDGET?)\n");
 }
 

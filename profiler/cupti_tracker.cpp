@@ -623,7 +623,7 @@ bool subscribe_locked(state& s) {
   if (!mode.subscribe_only) {
     s.core->start_consumer();
     residency_gate::set_fed(true);  // from here on every launch enters and exits the regions it touches
-    // Note [Holding a launch on the GPU] (allocator/residency_gate.hpp); LAYERSWAP_HOLD=0 turns it off.
+    // Note [Holding a launch on the GPU] (allocator/residency_gate.hpp): LAYERSWAP_HOLD=1 turns it on.
     residency_gate::set_holding(g_cuda.stream_wait_value != nullptr && global_config().hold);
   }
   s.active.store(true);

@@ -60,8 +60,9 @@ constexpr setting_info k_settings[row_count] = {
      "Groups swapping never evicts: the first and last groups used in a step, or the first ones up to a size"},
     {"LAYERSWAP_HOST_LIMIT", "none", "a size such as 64GiB, or none",
      "Cap on the pinned host memory that backs swapped-out regions (none: as much as the host gives)"},
-    {"LAYERSWAP_HOLD", "1", "0 or 1 (also true/false, on/off, yes/no)",
-     "A launch that needs a region still being prefetched waits on the GPU (1) rather than on the host (0)"},
+    {"LAYERSWAP_HOLD", "0", "0 or 1 (also true/false, on/off, yes/no)",
+     "A launch that needs a region still being prefetched waits on the GPU (1, experimental) rather than on the "
+     "host (0)"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";

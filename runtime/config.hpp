@@ -61,7 +61,7 @@ struct config {
   std::uint32_t pin_last = 0;
   std::size_t pin_bytes = 0;
   std::size_t host_limit = 0;    // LAYERSWAP_HOST_LIMIT: host bytes backing swapped-out regions; 0 = no cap
-  bool hold = true;              // LAYERSWAP_HOLD: hold launches on the GPU for prefetches (residency_gate.hpp)
+  bool hold = false;             // LAYERSWAP_HOLD: hold launches on the GPU for prefetches (residency_gate.hpp)
   // Whether the launch tracker should run (LAYERSWAP_TRACK against `enabled`).
   [[nodiscard]] bool tracking() const noexcept {
     return track == track_mode::on || track == track_mode::subscribe_only ||

@@ -530,7 +530,7 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_PREFETCH=auto  (default)\n"
             "LAYERSWAP_PIN=none  (default)\n"
             "LAYERSWAP_HOST_LIMIT=none  (default)\n"
-            "LAYERSWAP_HOLD=1  (default)\n");
+            "LAYERSWAP_HOLD=0  (default)\n");
 }
 
 TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
@@ -551,7 +551,7 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_PREFETCH=auto  (default)\n"
             "LAYERSWAP_PIN=none  (default)\n"
             "LAYERSWAP_HOST_LIMIT=none  (default)\n"
-            "LAYERSWAP_HOLD=1  (default)\n"
+            "LAYERSWAP_HOLD=0  (default)\n"
             "unknown setting LAYERSWAP_BUGDET=1 (did you mean LAYERSWAP_BUDGET?)\n");
 }
 

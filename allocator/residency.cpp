@@ -92,6 +92,23 @@
 //   its stream says its last launches are done, and its move has completed), so a host-backed block is never
 //   handed out again.
 //
+// Note [Holds]
+//   With LAYERSWAP_HOLD=1 the tracker holds launches on the GPU instead of waiting on the host for a prefetch
+//   (residency_gate.hpp, Note [Holding a launch on the GPU]). The engine's side: a granule of device memory from
+//   the budget (ensure_flags, at the first prefetch) holds a 32-bit flag per region (slot), with a ticket count
+//   per slot that only grows. Once a prefetch's copy and fences are enqueued and the region is not busy
+//   (publish_hold, mutex held), it publishes (flag, next ticket) in the gate. When the prefetch ends, however it
+//   ends (remapped, abandoned, cancelled, failed to start), release_hold retracts it and writes the ticket into the
+//   flag on the engine's own stream: after the remap, so a held launch always finds the final mapping.
+//   A held launch blocks its stream until then, so nothing may wait on the host, with the allocator mutex held, for
+//   work queued after a held launch while the move it waits for still needs the mutex to finish: the allocator's
+//   host waits (fences, pending frees) and the engine's (an eviction's fences and copy, in settle) first call
+//   release_holds, which finishes every prefetch with a hold, oldest first, with the mutex held. A prefetch's own
+//   copy never waits for a launch held on it or on a younger prefetch (its fences were recorded before its hold was
+//   published), so those host waits end. A region being remapped by the migration thread is skipped: its flag is
+//   written without the mutex. DESIGN.md invariant 3 holds in this form: a remap starts when every launch known to
+//   touch the region has completed or is held until after the remap.
+//
 // Note [No tracker]
 //   Without a tracker feeding the gate (gate::fed() false) the engine cannot see launches, so it can never know
 //   a region is idle: it moves nothing, not even under pressure (the allocator raises OOM as before). Tests that
@@ -204,9 +221,9 @@ struct residency_engine::impl {
   bool flags_failed = false;
   std::vector<std::uint32_t> slot_ticket;
   std::vector<std::size_t> free_slots;
-  std::atomic<std::size_t> held_moves{0};
+  std::atomic<std::size_t> held_moves{0};  // moves with a published hold (released by busy owners too)
+  std::uint64_t holds_published = 0;       // holds published so far (their order: release_holds)
   std::chrono::steady_clock::time_point last_policy{};  // guarded by tick_mutex
-  std::uint64_t holds_published = 0;  // moves with a published hold (released by busy owners too)
 
   // ---- migration thread ----
   std::atomic<forecast_source*> forecaster{nullptr};

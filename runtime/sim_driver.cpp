@@ -906,20 +906,23 @@ void sim_driver::stream_wait(stream_handle stream, event_handle event) {
   m.enqueue(m.stream(stream, call), op{op_kind::wait, 0, {}, sequence, id});
 }
 
-void sim_driver::stream_write_value(stream_handle stream, device_ptr addr, std::uint32_t value) {
+// Note [Held work]: a value wait or write, on a 4-byte-aligned word.
+void sim_driver::enqueue_value_op(bool write, stream_handle stream, device_ptr addr, std::uint32_t value) {
   impl& m = *impl_;
   std::lock_guard lock(m.mutex);
-  const std::string call = "stream_write_value(stream=" + hex_ptr(stream) + ", " + hex(addr) + ")";
+  const std::string call = std::string(write ? "stream_write_value" : "stream_wait_value") + "(stream=" +
+                           hex_ptr(stream) + ", " + hex(addr) + ")";
   if (addr % 4 != 0) fail(k_invalid_value, call, "the address must be 4-byte aligned");
-  m.enqueue(m.stream(stream, call), op{op_kind::value_write, 0, {access{addr, 4, true, 0}}, value, 0});
+  m.enqueue(m.stream(stream, call), op{write ? op_kind::value_write : op_kind::value_wait, 0, {access{addr, 4, write, 0}},
+                                       value, 0});
+}
+
+void sim_driver::stream_write_value(stream_handle stream, device_ptr addr, std::uint32_t value) {
+  enqueue_value_op(true, stream, addr, value);
 }
 
 void sim_driver::stream_wait_value(stream_handle stream, device_ptr addr, std::uint32_t value) {
-  impl& m = *impl_;
-  std::lock_guard lock(m.mutex);
-  const std::string call = "stream_wait_value(stream=" + hex_ptr(stream) + ", " + hex(addr) + ")";
-  if (addr % 4 != 0) fail(k_invalid_value, call, "the address must be 4-byte aligned");
-  m.enqueue(m.stream(stream, call), op{op_kind::value_wait, 0, {access{addr, 4, false, 0}}, value, 0});
+  enqueue_value_op(false, stream, addr, value);
 }
 
 void sim_driver::copy_async(device_ptr dst, device_ptr src, std::size_t bytes, stream_handle stream) {

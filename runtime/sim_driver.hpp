@@ -117,6 +117,7 @@ class sim_driver final : public driver {
   void clear_violations();
 
  private:
+  void enqueue_value_op(bool write, stream_handle stream, device_ptr addr, std::uint32_t value);
   struct impl;
   std::unique_ptr<impl> impl_;
 };

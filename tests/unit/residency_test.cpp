@@ -106,6 +106,17 @@ struct harness {
     }
     return static_cast<int>(holds.size());
   }
+  // An allocation of `bytes` on s1 holding `v`, evicted, then with its prefetch started (not yet remapped).
+  void* prefetching(std::size_t bytes, std::uint8_t v) {
+    void* a = alloc.allocate(bytes, s1);
+    write(s1, a, bytes, v);
+    EXPECT_TRUE(alloc.request_evict(a));
+    alloc.residency_tick();
+    EXPECT_EQ(alloc.residency_of(a), region_residency::host);
+    EXPECT_TRUE(alloc.request_prefetch(a));
+    EXPECT_EQ(alloc.residency_of(a), region_residency::moving_in);
+    return a;
+  }
   void write(stream_handle s, void* p, std::size_t bytes, std::uint8_t v) {
     launch(s, {{reinterpret_cast<device_ptr>(p), bytes, true, v}});
   }
@@ -905,13 +916,7 @@ struct holding_on {
 TEST(Residency, HeldLaunchRunsAfterThePrefetchLands) {
   holding_on on;
   harness h(64 * MiB);
-  void* a = h.alloc.allocate(4 * MiB, h.s1);
-  h.write(h.s1, a, 4 * MiB, 0x5a);
-  ASSERT_TRUE(h.alloc.request_evict(a));
-  h.alloc.residency_tick();
-  ASSERT_EQ(h.alloc.residency_of(a), region_residency::host);
-  ASSERT_TRUE(h.alloc.request_prefetch(a));  // eager: its copy has run, its remap waits for the next tick
-  ASSERT_EQ(h.alloc.residency_of(a), region_residency::moving_in);
+  void* a = h.prefetching(4 * MiB, 0x5a);  // eager: its copy has run, its remap waits for the next tick
   const std::uint64_t holds_before = h.alloc.residency().launch_holds;
   const auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(h.launch_holding(h.s1, {{reinterpret_cast<device_ptr>(a), 4 * MiB, true, 0x77}}), 1);
@@ -938,11 +943,7 @@ TEST(Residency, HeldLaunchRunsAfterThePrefetchLands) {
 TEST(Residency, AbandonedPrefetchReleasesItsHeldLaunches) {
   holding_on on;
   harness h(64 * MiB);
-  void* a = h.alloc.allocate(4 * MiB, h.s1);
-  h.write(h.s1, a, 4 * MiB, 0x5a);
-  ASSERT_TRUE(h.alloc.request_evict(a));
-  h.alloc.residency_tick();
-  ASSERT_TRUE(h.alloc.request_prefetch(a));
+  void* a = h.prefetching(4 * MiB, 0x5a);
   EXPECT_EQ(h.launch_holding(h.s2, {{reinterpret_cast<device_ptr>(a), 4 * MiB, false, 0}}), 1);
   gate::set_incoming(harness::id_of(a), false);  // as if the launch below came through a path that cannot hold
   h.write(h.s1, a, 2 * MiB, 0x31);

@@ -696,10 +696,7 @@ struct residency_engine::impl {
   void settle(swap_region& r) {
     wait_not_busy(r);
     if (!r.mv) return;
-    if (!r.mv->to_device) {
-      release_holds();  // an eviction's fences may come after a held launch (Note [Holds])
-      if (!r.mv) return;
-    }
+    if (!r.mv->to_device) release_holds();  // an eviction's fences may come after a held launch (Note [Holds])
     port.wait(r.mv->done);
     finish(r);
   }
@@ -1083,9 +1080,7 @@ bool residency_engine::remove_locked(swap_region* r) {
   return host_mapped;
 }
 
-void residency_engine::release_holds_locked() {
-  if (impl_->moves != 0) impl_->release_holds();
-}
+void residency_engine::release_holds_locked() { impl_->release_holds(); }
 
 bool residency_engine::evict_sync_locked() {
   impl& m = *impl_;

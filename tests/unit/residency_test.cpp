@@ -106,13 +106,23 @@ struct harness {
     }
     return static_cast<int>(holds.size());
   }
-  // An allocation of `bytes` on s1 holding `v`, evicted, then with its prefetch started (not yet remapped).
-  void* prefetching(std::size_t bytes, std::uint8_t v) {
+  // An allocation of `bytes` on s1 holding `v` (written by a launch on s1).
+  void* written(std::size_t bytes, std::uint8_t v) {
     void* a = alloc.allocate(bytes, s1);
     write(s1, a, bytes, v);
+    return a;
+  }
+  // ... evicted (on the host).
+  void* evicted(std::size_t bytes, std::uint8_t v) {
+    void* a = written(bytes, v);
     EXPECT_TRUE(alloc.request_evict(a));
     alloc.residency_tick();
     EXPECT_EQ(alloc.residency_of(a), region_residency::host);
+    return a;
+  }
+  // ... then with its prefetch started (not yet remapped).
+  void* prefetching(std::size_t bytes, std::uint8_t v) {
+    void* a = evicted(bytes, v);
     EXPECT_TRUE(alloc.request_prefetch(a));
     EXPECT_EQ(alloc.residency_of(a), region_residency::moving_in);
     return a;
@@ -288,10 +298,9 @@ TEST(Residency, AllocationUnderPressureEvictsTheFarthestRegion) {
   fixed_forecast f;
   harness h(16 * MiB);
   h.alloc.set_forecast_source(&f);
-  void* a = h.alloc.allocate(4 * MiB, h.s1);
-  void* b = h.alloc.allocate(4 * MiB, h.s1);
-  void* c = h.alloc.allocate(4 * MiB, h.s1);
-  for (auto [p, v] : {std::pair{a, 1}, {b, 2}, {c, 3}}) h.write(h.s1, p, 4 * MiB, static_cast<std::uint8_t>(v));
+  void* a = h.written(4 * MiB, 1);
+  void* b = h.written(4 * MiB, 2);
+  void* c = h.written(4 * MiB, 3);
   f.set({harness::id_of(b), harness::id_of(a), harness::id_of(c)});  // c is used last
   h.alloc.residency_tick();
   void* d = h.alloc.allocate(8 * MiB, h.s1);  // needs 4 MiB more than the budget has
@@ -346,12 +355,8 @@ TEST(Residency, PolicyReclaimsTheIdleCacheForPrefetches) {
   fixed_forecast f;
   harness h(16 * MiB);
   h.alloc.set_forecast_source(&f);
-  void* w0 = h.alloc.allocate(4 * MiB, h.s1);
-  void* w1 = h.alloc.allocate(4 * MiB, h.s1);
-  h.write(h.s1, w0, 4 * MiB, 0x31);
-  h.write(h.s1, w1, 4 * MiB, 0x32);
-  for (void* w : {w0, w1}) ASSERT_TRUE(h.alloc.request_evict(w));
-  h.alloc.residency_tick();
+  void* w0 = h.evicted(4 * MiB, 0x31);
+  void* w1 = h.evicted(4 * MiB, 0x32);
   void* t = h.alloc.allocate(16 * MiB, h.s1);  // activations fill the budget, then go to the cache
   h.write(h.s1, t, 16 * MiB, 0x01);
   h.alloc.deallocate(t);
@@ -376,12 +381,7 @@ TEST(Residency, PolicyKeepsTheReserveForActivations) {
   harness h(16 * MiB);
   h.alloc.set_forecast_source(&f);
   std::vector<void*> w;
-  for (int i = 0; i < 4; ++i) {
-    w.push_back(h.alloc.allocate(4 * MiB, h.s1));
-    h.write(h.s1, w.back(), 4 * MiB, static_cast<std::uint8_t>(0x40 + i));
-    ASSERT_TRUE(h.alloc.request_evict(w.back()));
-    h.alloc.residency_tick();
-  }
+  for (int i = 0; i < 4; ++i) w.push_back(h.evicted(4 * MiB, static_cast<std::uint8_t>(0x40 + i)));
   auto ids = [&](std::initializer_list<int> order) {
     std::vector<region_id> out;
     for (int i : order) out.push_back(harness::id_of(w[static_cast<std::size_t>(i)]));
@@ -414,10 +414,9 @@ TEST(Residency, PolicyEvictsForecastRegionsNotActivations) {
   fixed_forecast f;
   harness h(12 * MiB);
   h.alloc.set_forecast_source(&f);
-  void* w0 = h.alloc.allocate(4 * MiB, h.s1);
-  void* w1 = h.alloc.allocate(4 * MiB, h.s1);
-  void* w2 = h.alloc.allocate(4 * MiB, h.s1);
-  for (auto [p, v] : {std::pair{w0, 1}, {w1, 2}, {w2, 3}}) h.write(h.s1, p, 4 * MiB, static_cast<std::uint8_t>(v));
+  void* w0 = h.written(4 * MiB, 1);
+  void* w1 = h.written(4 * MiB, 2);
+  void* w2 = h.written(4 * MiB, 3);
   for (void* w : {w1, w2}) ASSERT_TRUE(h.alloc.request_evict(w));
   h.alloc.residency_tick();
   void* act = h.alloc.allocate(4 * MiB, h.s1);
@@ -444,12 +443,8 @@ TEST(Residency, PolicyEvictsForecastRegionsNotActivations) {
 // prefetch does not wait for the program's streams; one touched on the host waits for them.
 TEST(Residency, PrefetchOfAnUntouchedRegionDoesNotWaitForTheStreams) {
   harness h(64 * MiB);
-  void* a = h.alloc.allocate(4 * MiB, h.s1);
-  void* b = h.alloc.allocate(4 * MiB, h.s1);
-  h.write(h.s1, a, 4 * MiB, 0x51);
-  h.write(h.s1, b, 4 * MiB, 0x52);
-  for (void* p : {a, b}) ASSERT_TRUE(h.alloc.request_evict(p));
-  h.alloc.residency_tick();
+  void* a = h.evicted(4 * MiB, 0x51);
+  void* b = h.evicted(4 * MiB, 0x52);
   h.write(h.s2, b, 2 * MiB, 0x53);  // b is touched while on the host
   const std::uint64_t busy = h.sim.launch_gate(h.s1);  // the program's streams are busy
   const std::uint64_t busy2 = h.sim.launch_gate(h.s2);
@@ -471,11 +466,7 @@ TEST(Residency, PrefetchOfAnUntouchedRegionDoesNotWaitForTheStreams) {
 
 TEST(Residency, FreeingASwappedOutRegion) {
   harness h(32 * MiB);
-  void* a = h.alloc.allocate(4 * MiB, h.s1);
-  h.write(h.s1, a, 4 * MiB, 9);
-  ASSERT_TRUE(h.alloc.request_evict(a));
-  h.alloc.residency_tick();
-  ASSERT_EQ(h.alloc.residency_of(a), region_residency::host);
+  void* a = h.evicted(4 * MiB, 9);
   EXPECT_TRUE(h.alloc.deallocate(a));
   h.expect_clean();
   h.alloc.residency_tick();  // retired: destroyed once its stream is past its launches
@@ -965,10 +956,7 @@ TEST(Residency, AbandonedPrefetchReleasesItsHeldLaunches) {
 TEST(Residency, AllocatorHostWaitDoesNotDeadlockOnAHeldLaunch) {
   holding_on on;
   harness h(14 * MiB);  // a, b, the prefetch's pages and the hold flags' page
-  void* a = h.alloc.allocate(4 * MiB, h.s1);
-  h.write(h.s1, a, 4 * MiB, 0x5a);
-  ASSERT_TRUE(h.alloc.request_evict(a));
-  h.alloc.residency_tick();
+  void* a = h.evicted(4 * MiB, 0x5a);
   void* b = h.alloc.allocate(4 * MiB, h.s1);
   h.write(h.s1, b, 4 * MiB, 0x11);
   ASSERT_TRUE(h.alloc.request_prefetch(a));

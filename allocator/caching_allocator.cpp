@@ -667,13 +667,13 @@ void caching_allocator::impl::release_block_locked(segment* seg, std::uint32_t b
 }
 
 void caching_allocator::impl::process_pending_locked(bool wait) {
+  if (wait && engine) engine->release_holds_locked();  // the waits may reach a launch held on a prefetch
   std::size_t kept = 0;
   for (std::size_t i = 0; i < pending.size(); ++i) {
     pending_free& p = pending[i];
     bool done = true;
     for (event_handle e : p.events) {
       if (wait) {
-        if (engine) engine->release_holds_locked();  // the wait may reach a launch held on a prefetch
         port.wait(e);
         ++st.num_host_waits;
       } else if (!port.query(e)) {

@@ -562,6 +562,11 @@ def _flatten(d, prefix=""):
     return out
 
 
+# layerswap statistics reported per timed step (differences of two snapshots over the timed steps).
+PER_STEP_STATS = ("launch_wait_s", "launch_waits", "launch_holds", "stall_evictions", "abandoned", "lock_wait_s",
+                  "num_lock_waits")
+
+
 def layerswap_traffic(before, after, steps):
     """bytes_h2d_per_step and hit_rate from two layerswap.stats() snapshots (after the warm-up, at the end).
 
@@ -587,8 +592,7 @@ def layerswap_traffic(before, after, steps):
     if key and steps > 0:
         res["bytes_d2h_per_step"] = (fa[key] - fb.get(key, 0)) / steps
         res["sources"]["bytes_d2h_per_step"] = key
-    for name in ("launch_wait_s", "launch_waits", "launch_holds", "stall_evictions", "abandoned", "lock_wait_s",
-                 "num_lock_waits"):
+    for name in PER_STEP_STATS:
         key = find(lambda k, n=name: k.endswith(n))
         if key and steps > 0:
             res[name + "_per_step"] = (fa[key] - fb.get(key, 0)) / steps
@@ -1146,8 +1150,7 @@ def fill_layerswap(c, ls, resident):
     c["bytes_h2d_per_step"] = traffic.get("bytes_h2d_per_step")
     c["bytes_d2h_per_step"] = traffic.get("bytes_d2h_per_step")
     c["hit_rate"] = traffic.get("hit_rate")
-    for name in ("launch_wait_s", "launch_waits", "launch_holds", "stall_evictions", "abandoned", "lock_wait_s",
-                 "num_lock_waits"):
+    for name in PER_STEP_STATS:
         if traffic.get(name + "_per_step") is not None:
             c[name + "_per_step"] = traffic[name + "_per_step"]
     c["hit_rate_timed"] = traffic.get("hit_rate_timed")  # the timed steps only (hit_rate: the whole run)

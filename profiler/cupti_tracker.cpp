@@ -433,7 +433,8 @@ void on_driver(tracker_core& core, thread_scratch& t, CUpti_CallbackId cbid, con
 // The holds the launch took (residency_gate.hpp, Note [Holding a launch on the GPU]): a stream wait each, on the
 // launch's stream, enqueued here in its API-enter callback, so before the launch itself. The wait is a driver
 // call the tracker does not subscribe to (no nested callback). If it fails, the launch must not run before the
-// prefetch ends: wait on the host for the flag's ticket by waiting for the prefetch (incoming cleared).
+// prefetch ends: wait on the host until the engine retracts the hold (it does so after the remap). A _ptsz launch
+// on stream 0 gets its wait on the legacy stream, which the per-thread default stream synchronizes with.
 void enqueue_holds(const thread_scratch& t) noexcept {
   const auto wait_value = g_cuda.stream_wait_value;
   for (int i = 0; i < t.gate.hold_count(); ++i) {

@@ -48,9 +48,23 @@
 //   synchronous evictions, already waiting on the host, do all three steps with the mutex held.
 //
 // Note [Write-back]
-//   An eviction always copies today. A GPU-side checksum of the region compared with the one taken when it last
-//   came in could prove the host copy current (frozen LoRA weights) and skip the copy: the hook is
-//   `region_is_clean()`, which answers false; residency_stats::writeback_skipped counts the skips (0 for now).
+//   A region's host backing is kept for its life, so after a prefetch the host copy still holds what came in. With
+//   LAYERSWAP_WRITEBACK=skip-clean (the default) and a port that can digest (driver::can_digest, runtime/digest.hpp):
+//   * a prefetch enqueues a digest of the staged device copy after its H2D copy, on the copy stream; when the
+//     prefetch remaps, that digest describes the host copy (no launch touched the region between the snapshot and
+//     the remap: Note [Remap under the gate]), and the region keeps it (digest_known);
+//   * an eviction of a region with a known digest first enqueues, after its fences, only a digest of the region
+//     (a "check"). When it completes (poll_moves, settle: resolve_check) and equals the known one, the host copy is
+//     current: the move goes straight to its remap with no copy (writeback_skipped), and the gate still refuses it
+//     if a launch touched the region since the snapshot. Otherwise the region is dirty: the copy is enqueued then,
+//     its fences being long passed, and the move goes on as any eviction;
+//   * any copy into the host backing makes the known digest stale (digest_known = false) until the next prefetch,
+//     whether or not that eviction completes;
+//   * a region found dirty by two checks in a row (trained weights, optimizer state) skips the check for its next
+//     k_unchecked_evictions evictions, which copy at once: a check costs a digest and a round of the migration
+//     thread before the copy starts.
+//   A skip loses a write only if the region changed and both 64-bit lanes of the digest still match: about 2^-128
+//   for unrelated content. Where the port cannot digest, every eviction copies.
 //
 // Note [Policy]
 //   With a learned forecast: regions get a rank (their index in the forecast; absent = no forecast). The wanted
@@ -128,6 +142,7 @@
 
 #include "allocator/residency_gate.hpp"
 #include "runtime/config.hpp"
+#include "runtime/digest.hpp"
 #include "runtime/error.hpp"
 #include "runtime/log.hpp"
 
@@ -140,6 +155,8 @@ constexpr std::uint64_t k_far = std::numeric_limits<std::uint64_t>::max();
 constexpr std::chrono::microseconds k_waited_period{20};
 constexpr std::size_t k_no_slot = ~std::size_t{0};
 constexpr std::chrono::microseconds k_policy_period{1000};
+constexpr std::size_t k_digest_chunk = 512;         // regions' result words allocated at a time (Note [Write-back])
+constexpr std::uint8_t k_unchecked_evictions = 8;   // evictions copied without a check after two dirty ones
 }
 
 // A region's host backing: one host-located allocation, and a view of it (a VA of its own, mapped once) that
@@ -164,6 +181,10 @@ struct move {
   bool refused = false;              // the gate refused the remap: a launch touched the region (abandoned)
   bool remapped = false;             // remap_busy() completed
   bool sync = false;                 // a synchronous eviction (stall)
+  bool checking = false;             // eviction: only a digest is enqueued so far (Note [Write-back])
+  bool digested = false;             // prefetch: a digest of the copy is enqueued, the region's at the remap
+  bool clean = false;                // eviction: the check proved the host copy current (no copy)
+  std::uint64_t* words = nullptr;    // the region's digest result words (taken with the mutex held)
   std::uint32_t ticket = 0;          // prefetch: the hold published (0: none; Note [Holds])
   std::uint64_t number = 0;          // order of publication of the holds (release_holds)
 };
@@ -184,6 +205,12 @@ struct swap_region {
   std::uint64_t rank = k_far;     // index in the last forecast; k_far: absent
   std::uint32_t group = 0;
   std::size_t flag_slot = k_no_slot;  // its word in the hold flags (Note [Holds])
+  // Note [Write-back]
+  std::size_t digest_slot = k_no_slot;  // its two result words
+  digest128 digest;                     // the digest of its host copy, when digest_known
+  bool digest_known = false;
+  std::uint8_t dirty_checks = 0;        // consecutive checks that found it dirty
+  std::uint8_t unchecked = 0;           // evictions left that copy without a check
 };
 
 struct residency_engine::impl {
@@ -224,6 +251,10 @@ struct residency_engine::impl {
   std::atomic<std::size_t> held_moves{0};  // moves with a published hold (released by busy owners too)
   std::uint64_t holds_published = 0;       // holds published so far (their order: release_holds)
   std::chrono::steady_clock::time_point last_policy{};  // guarded by tick_mutex
+  // Note [Write-back]: result words for the regions' digests, k_digest_chunk regions per allocation.
+  std::atomic<int> digest_support{0};  // 0: not asked yet; 1: the port digests; -1: no skip
+  std::vector<std::uint64_t*> digest_chunks;
+  std::vector<std::size_t> free_digest_slots;
 
   // ---- migration thread ----
   std::atomic<forecast_source*> forecaster{nullptr};
@@ -401,8 +432,91 @@ struct residency_engine::impl {
     port.set_access(va, pages.size() * gran);
   }
 
-  // Note [Write-back]
-  [[nodiscard]] static bool region_is_clean(const swap_region&) noexcept { return false; }
+  // ---- digests (Note [Write-back]) ----
+  bool digests() {
+    if (!options.skip_clean) return false;
+    int support = digest_support.load(std::memory_order_relaxed);
+    if (support == 0) {
+      try {
+        support = port.can_digest() ? 1 : -1;
+      } catch (const std::exception& e) {
+        support = -1;
+        LAYERSWAP_LOG(info, "residency: no digests (%s); evictions always copy", e.what());
+      }
+      digest_support.store(support, std::memory_order_relaxed);
+    }
+    return support > 0;
+  }
+  void no_digests(const std::exception& e) noexcept {
+    if (digest_support.exchange(-1) > 0) {
+      LAYERSWAP_LOG(warn, "residency: digests failed (%s); evictions copy from now on", e.what());
+    }
+  }
+  [[nodiscard]] std::uint64_t* digest_words(const swap_region& r) const {
+    return digest_chunks[r.digest_slot / k_digest_chunk] + 2 * (r.digest_slot % k_digest_chunk);
+  }
+  // Gives `r` its result words (mutex held); false when digests are off.
+  bool ensure_digest_slot(swap_region& r) {
+    if (!digests()) return false;
+    if (r.digest_slot != k_no_slot) return true;
+    if (free_digest_slots.empty()) {
+      try {
+        digest_chunks.push_back(port.alloc_host_words(2 * k_digest_chunk));
+      } catch (const std::exception& e) {
+        no_digests(e);
+        return false;
+      }
+      const std::size_t base = (digest_chunks.size() - 1) * k_digest_chunk;
+      for (std::size_t i = k_digest_chunk; i-- > 0;) free_digest_slots.push_back(base + i);
+    }
+    r.digest_slot = free_digest_slots.back();
+    free_digest_slots.pop_back();
+    return true;
+  }
+  // Enqueues a digest of [va, +r.bytes) into the move's words on `stream`; false (digests off from now on) if it
+  // fails. Without the mutex too (a deferred prefetch's start).
+  bool enqueue_digest(const swap_region& r, const move& m, device_ptr va, stream_handle stream) noexcept {
+    if (digest_support.load(std::memory_order_relaxed) <= 0) return false;
+    try {
+      port.digest_async(va, r.bytes, m.words, stream);
+      return true;
+    } catch (const std::exception& e) {
+      no_digests(e);
+      return false;
+    }
+  }
+  // An eviction's check has completed (mutex held): true when the move may finish now (clean, or cancelled);
+  // false when the region was dirty and its copy is now enqueued, or (r.mv gone) the copy failed to start and the
+  // move was abandoned.
+  bool resolve_check(swap_region& r) {
+    move& m = *r.mv;
+    if (!m.checking) return true;
+    m.checking = false;
+    if (m.cancelled || !r.live) return true;  // begin_finish cancels it
+    ++st.writeback_checked;
+    if (digest128{m.words[0], m.words[1]} == r.digest) {
+      m.clean = true;
+      r.dirty_checks = 0;
+      return true;
+    }
+    if (++r.dirty_checks >= 2) {
+      r.dirty_checks = 0;
+      r.unchecked = k_unchecked_evictions;
+    }
+    r.digest_known = false;  // the copy overwrites the host copy
+    try {
+      port.copy_async(m.shadow, r.va, r.bytes, d2h);
+      port.record(m.done, d2h);
+    } catch (const std::exception& e) {
+      LAYERSWAP_LOG(warn, "residency: the write-back of region %u did not start (%s); it stays on the device", r.id,
+                    e.what());
+      spare_events.insert(spare_events.end(), m.fences.begin(), m.fences.end());
+      spare_events.insert(spare_events.end(), m.spare_fences.begin(), m.spare_fences.end());
+      spare_events.push_back(m.done);
+      abandon(r, false);
+    }
+    return false;
+  }
 
   // Starts the copy of `r` into the move's destination after fences on m.fence_streams (Note [Shadow copies]);
   // none: nothing pending on any stream touches r (Note [Unfenced prefetch]). Events come from the caller's pool
@@ -417,7 +531,14 @@ struct residency_engine::impl {
       port.stream_wait(copy_stream, e);
     }
     m.done = m.spare_fences.empty() ? port.create_event() : pop(m.spare_fences);
-    port.copy_async(m.shadow, r.va, r.bytes, copy_stream);
+    if (m.checking && !enqueue_digest(r, m, r.va, copy_stream)) {
+      m.checking = false;  // Note [Write-back]: digests failed, copy instead
+      r.digest_known = false;
+    }
+    if (!m.checking) {
+      port.copy_async(m.shadow, r.va, r.bytes, copy_stream);
+      if (m.digested) m.digested = enqueue_digest(r, m, m.shadow, copy_stream);
+    }
     port.record(m.done, copy_stream);
   }
   static event_handle pop(std::vector<event_handle>& v) {
@@ -444,9 +565,15 @@ struct residency_engine::impl {
     m->shadow = r.host.view;
     m->fence_streams = streams;
     reserve_events(*m);
-    if (region_is_clean(r)) {
-      // Hook (Note [Write-back]): the host copy is current; a copy-less move would go here.
+    // Note [Write-back]: check first when the host copy's digest is known, else copy (and the host copy's digest
+    // is stale from now on).
+    if (r.unchecked != 0) {
+      --r.unchecked;
+    } else {
+      m->checking = r.digest_known && ensure_digest_slot(r);
+      if (m->checking) m->words = digest_words(r);
     }
+    if (!m->checking) r.digest_known = false;
     try {
       start_copy(r, *m, d2h);
     } catch (...) {
@@ -469,6 +596,8 @@ struct residency_engine::impl {
     auto m = std::make_unique<move>();
     m->to_device = true;
     if (!take_prefetch_pages(r.npages, m->pages)) return false;
+    m->digested = ensure_digest_slot(r);  // Note [Write-back]
+    if (m->digested) m->words = digest_words(r);
     m->shadow = take_shadow(r.bytes);
     // Note [Unfenced prefetch]: untouched since its eviction, r has no pending work on any stream.
     if (gate::sequence(r.id) != r.evicted_seq) m->fence_streams = streams;
@@ -626,12 +755,18 @@ struct residency_engine::impl {
       r.state = region_residency::device;
       st.bytes_h2d += static_cast<std::int64_t>(r.bytes);
       ++st.prefetches;
+      r.digest_known = m.digested;  // Note [Write-back]: the digest of what came in, which the host copy holds
+      if (m.digested) r.digest = {m.words[0], m.words[1]};
     } else {
       source.give_pages(*r.pages);
       r.pages->clear();
       r.state = region_residency::host;
       r.evicted_seq = m.snapshot;
-      st.bytes_d2h += static_cast<std::int64_t>(r.bytes);
+      if (m.clean) {
+        ++st.writeback_skipped;
+      } else {
+        st.bytes_d2h += static_cast<std::int64_t>(r.bytes);
+      }
       ++st.evictions;
       if (m.sync) ++st.stall_evictions;
     }
@@ -698,6 +833,10 @@ struct residency_engine::impl {
     if (!r.mv) return;
     if (!r.mv->to_device) release_holds();  // an eviction's fences may come after a held launch (Note [Holds])
     port.wait(r.mv->done);
+    if (!resolve_check(r)) {  // dirty: its copy (Note [Write-back])
+      if (!r.mv) return;     // ... failed to start: abandoned
+      port.wait(r.mv->done);
+    }
     finish(r);
   }
 
@@ -712,7 +851,10 @@ struct residency_engine::impl {
     std::vector<swap_region*> ready;
     if (moves == 0) return ready;
     for (auto& [id, r] : regions) {
-      if (r->mv && !r->busy && r->mv->done && port.query(r->mv->done) && begin_finish(*r)) ready.push_back(r.get());
+      if (!r->mv || r->busy || !r->mv->done || !port.query(r->mv->done)) continue;
+      // Dirty: its copy is enqueued now (Note [Write-back]); done already only on an eager simulated device.
+      if (!resolve_check(*r) && (!r->mv || !port.query(r->mv->done))) continue;
+      if (begin_finish(*r)) ready.push_back(r.get());
     }
     return ready;
   }
@@ -923,6 +1065,7 @@ residency_engine::~residency_engine() {
     for (auto& [va, bytes] : m.shadows) m.port.unreserve(va, bytes);
     for (auto& [bytes, h] : m.spare_host) m.release_host(bytes, h);
     for (event_handle e : m.spare_events) m.port.destroy_event(e);
+    for (std::uint64_t* words : m.digest_chunks) m.port.free_host_words(words);  // every move settled: none pending
     gate::remove_internal_stream(reinterpret_cast<std::uint64_t>(m.d2h));
     gate::remove_internal_stream(reinterpret_cast<std::uint64_t>(m.h2d));
     m.port.destroy_stream(m.d2h);
@@ -1075,6 +1218,7 @@ bool residency_engine::remove_locked(swap_region* r) {
   if (host_mapped) m.port.unmap(r->va, r->bytes);
   gate::set_on_host(r->id, false);
   if (r->flag_slot != k_no_slot) m.free_slots.push_back(r->flag_slot);  // its ticket count goes on
+  if (r->digest_slot != k_no_slot) m.free_digest_slots.push_back(r->digest_slot);
   if (r->host) m.spare_host.emplace(r->bytes, r->host);  // its view stays mapped for the next region
   m.regions.erase(r->id);
   return host_mapped;

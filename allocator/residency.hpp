@@ -45,6 +45,9 @@ struct residency_options {
   std::size_t prefetch = 0;
   pin_setting pin;                                  // LAYERSWAP_PIN
   std::size_t host_limit = 0;                       // LAYERSWAP_HOST_LIMIT: host bytes for backing; 0 = no cap
+  // LAYERSWAP_WRITEBACK=skip-clean: skip an eviction's copy when the region's digest proves the host copy current
+  // (residency.cpp, Note [Write-back]); needs driver::can_digest().
+  bool skip_clean = true;
   std::chrono::microseconds period{200};            // migration thread period
   // Tests: called inside every remap (between try_begin_remap and end_remap); the allocator mutex is held when
   // the remap is made by settling or a synchronous eviction, not when the migration thread's tick() makes it.
@@ -59,7 +62,8 @@ struct residency_stats {
   std::int64_t abandoned = 0;          // moves abandoned because a launch touched the region meanwhile
   std::int64_t cancelled = 0;          // moves cancelled because the region was freed
   std::int64_t stall_evictions = 0;    // synchronous evictions on the allocation path (host waits)
-  std::int64_t writeback_skipped = 0;  // evictions that skipped the copy (clean region); 0 until a checksum exists
+  std::int64_t writeback_skipped = 0;  // evictions that skipped the copy: the region was clean (Note [Write-back])
+  std::int64_t writeback_checked = 0;  // evictions that digested the region to find out (clean or not)
   std::int64_t host_bytes = 0;         // host-located bytes in existence (backing + pooled)
   std::int64_t regions_swappable = 0;  // live large regions known to the engine
   std::int64_t regions_resident = 0;   // ... of which backed by device pages (resident or moving out)

@@ -154,8 +154,9 @@ void note_freed(region_id id) noexcept;
 [[nodiscard]] bool persistent(region_id id) noexcept;
 
 // ---- the engine's own copies ----
-// The engine's copy streams: the tracker leaves copies on them out of the gate and the access stream (a move's
-// own copy must not count as a use of the region it moves, or every move would be abandoned). At most
+// The engine's copy streams: the tracker leaves copies and kernels (the digests of residency.cpp's Note
+// [Write-back]) on them out of the gate and the access stream (a move's own copy must not count as a use of the
+// region it moves, or every move would be abandoned). At most
 // k_max_internal_streams at once; thread-safe; internal_stream() is k_max_internal_streams relaxed loads.
 inline constexpr int k_max_internal_streams = 16;
 void add_internal_stream(std::uint64_t stream) noexcept;

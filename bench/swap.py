@@ -564,7 +564,7 @@ def _flatten(d, prefix=""):
 
 # layerswap statistics reported per timed step (differences of two snapshots over the timed steps).
 PER_STEP_STATS = ("launch_wait_s", "launch_waits", "launch_holds", "stall_evictions", "abandoned", "lock_wait_s",
-                  "num_lock_waits")
+                  "num_lock_waits", "evictions", "writeback_skipped", "writeback_checked")
 
 
 def layerswap_traffic(before, after, steps):
@@ -593,7 +593,7 @@ def layerswap_traffic(before, after, steps):
         res["bytes_d2h_per_step"] = (fa[key] - fb.get(key, 0)) / steps
         res["sources"]["bytes_d2h_per_step"] = key
     for name in PER_STEP_STATS:
-        key = find(lambda k, n=name: k.endswith(n))
+        key = find(lambda k, n=name: k == n or k.endswith("." + n))
         if key and steps > 0:
             res[name + "_per_step"] = (fa[key] - fb.get(key, 0)) / steps
     counted, missed = find(lambda k: k.endswith("launches_counted")), find(lambda k: k.endswith("launches_missed"))

@@ -72,6 +72,7 @@ py::dict residency_dict(const residency_stats& r) {
   d["cancelled"] = r.cancelled;
   d["stall_evictions"] = r.stall_evictions;
   d["writeback_skipped"] = r.writeback_skipped;
+  d["writeback_checked"] = r.writeback_checked;
   d["host_bytes"] = r.host_bytes;
   d["regions_swappable"] = r.regions_swappable;
   d["regions_resident"] = r.regions_resident;
@@ -138,6 +139,7 @@ PYBIND11_MODULE(_C, m) {
     out["LAYERSWAP_TRACK_API"] = c.track_api == config::track_api_mode::driver ? "driver" : "both";
     out["LAYERSWAP_TRACE"] = c.trace.empty() ? "none" : c.trace;
     out["LAYERSWAP_HOLD"] = c.hold ? "1" : "0";
+    out["LAYERSWAP_WRITEBACK"] = c.writeback_always ? "always" : "skip-clean";
     return out;
   }, "The settings in force, by variable name.");
   m.def("describe_config", [] { return global_config().describe(); });

@@ -70,6 +70,7 @@ inline thread_scratch& this_thread_scratch() noexcept { return detail::t_scratch
 // must be open (t.gate.open()).
 inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn query, std::uint64_t function,
                           const char* name, std::uint64_t stream, void* const* args, void* const* extra) noexcept {
+  if (stream != 0 && residency_gate::internal_stream(stream)) return;  // the residency engine's digest kernel
   region_set& regions = t.regions;
   regions.clear();
   t.stream = stream;

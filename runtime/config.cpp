@@ -25,7 +25,7 @@ namespace {
 // Rows of the table, in table order.
 enum row : std::size_t {
   row_enable, row_budget, row_log, row_stats, row_va_reserve, row_track, row_track_api, row_trace,
-  row_prefetch, row_pin, row_host_limit, row_hold, row_count
+  row_prefetch, row_pin, row_host_limit, row_hold, row_writeback, row_count
 };
 
 constexpr setting_info k_settings[row_count] = {
@@ -63,6 +63,9 @@ constexpr setting_info k_settings[row_count] = {
     {"LAYERSWAP_HOLD", "0", "0 or 1 (also true/false, on/off, yes/no)",
      "A launch that needs a region still being prefetched waits on the GPU (1, experimental) rather than on the "
      "host (0)"},
+    {"LAYERSWAP_WRITEBACK", "skip-clean", "skip-clean or always",
+     "skip-clean: an eviction copies a region back to the host only when a GPU digest of it differs from the one "
+     "taken when it came in (frozen weights are never copied back); always: every eviction copies"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";
@@ -421,6 +424,7 @@ std::string config::describe() const {
   }
   line(row_host_limit, host_limit ? format_size(host_limit) : std::string("none"), "  (default)");
   line(row_hold, hold ? "1" : "0", "  (default)");
+  line(row_writeback, writeback_always ? "always" : "skip-clean", "  (default)");
   for (const auto& message : unknown) {
     out += message;
     out += '\n';
@@ -546,6 +550,14 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
           }
         }
       }
+    }
+  }
+  if (const auto writeback = given(row_writeback)) {
+    const std::string_view v = trim(*writeback);
+    if (iequals(v, "always")) {
+      result.writeback_always = true;
+    } else if (!iequals(v, "skip-clean")) {
+      reject(k_settings[row_writeback].name, *writeback, "is not a write-back mode", k_settings[row_writeback].accepted);
     }
   }
   if (const auto limit = given(row_host_limit)) {

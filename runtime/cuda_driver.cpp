@@ -12,11 +12,14 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "runtime/config.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -24,6 +27,11 @@
 #include "runtime/log.hpp"
 
 static_assert(CUDA_VERSION >= 12000, "layerswap's driver port needs the CUDA 12.0 (or newer) headers");
+
+// The digest kernel's fatbin (runtime/digest_kernel.cu), embedded by the build (cmake/embed.cmake); size 0 when
+// the build had no nvcc.
+extern const unsigned char layerswap_digest_image[];
+extern const std::size_t layerswap_digest_image_size;
 
 namespace layerswap {
 namespace {
@@ -76,6 +84,14 @@ struct entry_points {
   decltype(&::cuMemcpyAsync) memcpy_async = nullptr;
   decltype(&::cuMemcpyDtoH) memcpy_dtoh = nullptr;
   decltype(&::cuMemcpyHtoD) memcpy_htod = nullptr;
+  // optional: the digest kernel (Note [Digest kernel]) needs them
+  decltype(&::cuModuleLoadData) module_load_data = nullptr;
+  decltype(&::cuModuleUnload) module_unload = nullptr;
+  decltype(&::cuModuleGetFunction) module_get_function = nullptr;
+  decltype(&::cuLaunchKernel) launch_kernel = nullptr;
+  decltype(&::cuMemHostAlloc) mem_host_alloc = nullptr;
+  decltype(&::cuMemFreeHost) mem_free_host = nullptr;
+  decltype(&::cuMemHostGetDevicePointer) mem_host_get_device_pointer = nullptr;
 };
 
 // libcuda as this process found it: loaded once, never unloaded (other libraries hold it too).
@@ -188,6 +204,14 @@ library load_library() {
       !resolve(get_proc, "cuStreamWaitValue32", fn.stream_wait_value, p)) {
     fn.stream_write_value = nullptr;
     fn.stream_wait_value = nullptr;
+  }
+  if (!resolve(get_proc, "cuModuleLoadData", fn.module_load_data, p) ||
+      !resolve(get_proc, "cuModuleUnload", fn.module_unload, p) ||
+      !resolve(get_proc, "cuModuleGetFunction", fn.module_get_function, p) ||
+      !resolve(get_proc, "cuLaunchKernel", fn.launch_kernel, p) || !resolve(get_proc, "cuMemHostAlloc", fn.mem_host_alloc, p) ||
+      !resolve(get_proc, "cuMemFreeHost", fn.mem_free_host, p) ||
+      !resolve(get_proc, "cuMemHostGetDevicePointer", fn.mem_host_get_device_pointer, p)) {
+    fn.module_load_data = nullptr;  // no digests: can_digest() says so
   }
   lib.loaded = true;
   lib.load_error = CUDA_SUCCESS;
@@ -314,6 +338,10 @@ class cuda_driver final : public driver {
     const entry_points& fn = api();
     CUcontext current = nullptr;
     if (fn.ctx_get_current(&current) == CUDA_ERROR_DEINITIALIZED) return;
+    if (digest_module_ != nullptr) {
+      context_scope scope(primary_);
+      (void)fn.module_unload(digest_module_);
+    }
     (void)fn.primary_ctx_release(device_handle_);
   }
 
@@ -501,6 +529,77 @@ class cuda_driver final : public driver {
     });
   }
 
+  // Note [Digest kernel]
+  // The kernel of runtime/digest_kernel.cu, from the fatbin the build embeds, loaded into the primary context at
+  // the first can_digest() or digest_async(). Each stream gets one of the kernel's scratch slots (its partial
+  // sums and arrival counter; launches on one stream never overlap), so at most k_digest_slots streams may
+  // digest. Its result goes to page-locked host memory (cuMemHostAlloc, mapped; with unified addressing the host
+  // pointer is the device pointer too, which alloc_host_words checks).
+  static constexpr unsigned k_digest_slots = 16;       // LAYERSWAP_DIGEST_SLOTS in digest_kernel.cu
+  static constexpr unsigned k_digest_threads = 256;    // LAYERSWAP_DIGEST_THREADS
+  static constexpr unsigned k_digest_max_blocks = 1024;  // LAYERSWAP_DIGEST_MAX_BLOCKS
+
+  [[nodiscard]] bool can_digest() override {
+    std::lock_guard lock(digest_mutex_);
+    return load_digest_locked();
+  }
+
+  void digest_async(device_ptr va, std::size_t bytes, std::uint64_t* out, stream_handle stream) override {
+    const auto what = [&] {
+      return strprintf("digest_async(va=0x%llx, %s, stream=%p)", hex(va), format_bytes(bytes).c_str(), stream);
+    };
+    if (bytes == 0 || bytes % 16 != 0 || va % 16 != 0 || out == nullptr) {
+      throw cuda_error(CUDA_ERROR_INVALID_VALUE, what() + ": the range must be 16-byte aligned and non-empty, with result words");
+    }
+    unsigned slot = 0;
+    {
+      std::lock_guard lock(digest_mutex_);
+      if (!load_digest_locked()) throw cuda_error(CUDA_ERROR_NOT_SUPPORTED, what() + ": " + digest_problem_);
+      auto it = std::find(digest_streams_.begin(), digest_streams_.end(), stream);
+      if (it == digest_streams_.end()) {
+        if (digest_streams_.size() == k_digest_slots) {
+          throw cuda_error(CUDA_ERROR_NOT_SUPPORTED, what() + ": more streams digest than the kernel has slots for");
+        }
+        it = digest_streams_.insert(digest_streams_.end(), stream);
+      }
+      slot = static_cast<unsigned>(it - digest_streams_.begin());
+    }
+    context_scope scope(primary_);
+    unsigned long long pairs = bytes / 16;
+    const unsigned blocks = static_cast<unsigned>(std::min<unsigned long long>(
+        {k_digest_max_blocks, static_cast<unsigned long long>(digest_blocks_), (pairs + k_digest_threads - 1) / k_digest_threads}));
+    CUdeviceptr data = va;
+    CUdeviceptr result = reinterpret_cast<CUdeviceptr>(out);
+    void* params[] = {&data, &pairs, &slot, &result};
+    check(api().launch_kernel(digest_function_, blocks, 1, 1, k_digest_threads, 1, 1, 0, to_stream(stream), params, nullptr),
+          [&] { return "cuLaunchKernel(layerswap_digest) for " + what(); });
+  }
+
+  [[nodiscard]] std::uint64_t* alloc_host_words(std::size_t n) override {
+    const entry_points& fn = api();
+    const auto what = [&] { return strprintf("cuMemHostAlloc(%zu words, mapped)", n); };
+    if (fn.mem_host_alloc == nullptr) throw cuda_error(CUDA_ERROR_NOT_SUPPORTED, what() + ": the driver offers no cuMemHostAlloc");
+    context_scope scope(primary_);
+    void* p = nullptr;
+    const std::size_t bytes = std::max<std::size_t>(n, 1) * sizeof(std::uint64_t);
+    check(fn.mem_host_alloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP), what);
+    CUdeviceptr device = 0;
+    const CUresult r = fn.mem_host_get_device_pointer(&device, p, 0);
+    if (r != CUDA_SUCCESS || device != reinterpret_cast<CUdeviceptr>(p)) {
+      (void)fn.mem_free_host(p);
+      throw cuda_error(r != CUDA_SUCCESS ? static_cast<int>(r) : CUDA_ERROR_NOT_SUPPORTED,
+                       what() + ": the device address of the words differs from their host address (no unified addressing)");
+    }
+    std::fill_n(static_cast<std::uint64_t*>(p), bytes / sizeof(std::uint64_t), 0);
+    return static_cast<std::uint64_t*>(p);
+  }
+
+  void free_host_words(std::uint64_t* words) override {
+    if (words == nullptr) return;
+    context_scope scope(primary_);
+    check(api().mem_free_host(words), [&] { return strprintf("cuMemFreeHost(%p)", static_cast<void*>(words)); });
+  }
+
   void copy_to_host(void* dst, device_ptr src, std::size_t bytes) override {
     if (bytes == 0) return;
     context_scope scope(primary_);
@@ -523,6 +622,36 @@ class cuda_driver final : public driver {
   }
 
  private:
+  // Loads the digest kernel once (digest_mutex_ held); false, with digest_problem_ saying why, when it cannot.
+  bool load_digest_locked() {
+    if (digest_function_ != nullptr) return true;
+    if (!digest_problem_.empty()) return false;
+    const entry_points& fn = api();
+    if (layerswap_digest_image_size == 0) {
+      digest_problem_ = "layerswap was built without nvcc, so it has no digest kernel";
+    } else if (fn.module_load_data == nullptr) {
+      digest_problem_ = "the NVIDIA driver lacks the module or launch entry points the digest kernel needs";
+    } else {
+      context_scope scope(primary_);
+      CUmodule module = nullptr;
+      CUfunction function = nullptr;
+      int sms = 0;
+      CUresult r = fn.module_load_data(&module, layerswap_digest_image);
+      if (r == CUDA_SUCCESS) r = fn.module_get_function(&function, module, "layerswap_digest");
+      if (r == CUDA_SUCCESS) r = fn.device_get_attribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device_handle_);
+      if (r == CUDA_SUCCESS) {
+        digest_module_ = module;
+        digest_function_ = function;
+        digest_blocks_ = std::max(1, sms) * 4;
+        return true;
+      }
+      if (module != nullptr) (void)fn.module_unload(module);
+      digest_problem_ = "the digest kernel did not load on device " + std::to_string(device_) + ": " + describe(r);
+    }
+    LAYERSWAP_LOG(info, "%s; evictions always copy", digest_problem_.c_str());
+    return false;
+  }
+
   int device_;
   CUdevice device_handle_ = 0;
   CUcontext primary_ = nullptr;
@@ -530,6 +659,12 @@ class cuda_driver final : public driver {
   std::size_t total_ = 0;
   int host_numa_id_ = 0;
   std::atomic<int> host_location_{CU_MEM_LOCATION_TYPE_HOST_NUMA};
+  std::mutex digest_mutex_;  // guards the digest kernel's state below
+  CUmodule digest_module_ = nullptr;
+  CUfunction digest_function_ = nullptr;
+  int digest_blocks_ = 0;
+  std::string digest_problem_;                 // why there is no digest kernel ("" until known)
+  std::vector<stream_handle> digest_streams_;  // stream -> scratch slot (its index)
 };
 
 }  // namespace

@@ -72,6 +72,17 @@ class driver {
   virtual void stream_write_value(stream_handle stream, device_ptr addr, std::uint32_t value) = 0;
   virtual void stream_wait_value(stream_handle stream, device_ptr addr, std::uint32_t value) = 0;
 
+  // Content digests (runtime/digest.hpp; the residency engine's write-back skip). can_digest(): whether
+  // digest_async works here (the real port: its kernel image is built in and loads on this device).
+  // digest_async: when `stream` reaches it, stores the digest of the mapped range [va, va + bytes) (bytes a
+  // multiple of 16) in out[0], out[1], memory from alloc_host_words; the host reads it once an event recorded on
+  // `stream` afterwards has completed. alloc_host_words: page-locked host memory for `n` 64-bit words, zeroed,
+  // that the device may write; free_host_words releases it (no work may still write it).
+  [[nodiscard]] virtual bool can_digest() = 0;
+  virtual void digest_async(device_ptr va, std::size_t bytes, std::uint64_t* out, stream_handle stream) = 0;
+  [[nodiscard]] virtual std::uint64_t* alloc_host_words(std::size_t n) = 0;
+  virtual void free_host_words(std::uint64_t* words) = 0;
+
   // Stream-ordered copy between any two mapped addresses (device or host-located pages).
   virtual void copy_async(device_ptr dst, device_ptr src, std::size_t bytes, stream_handle stream) = 0;
 

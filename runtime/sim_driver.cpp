@@ -63,6 +63,7 @@
 #include <utility>
 
 #include "runtime/config.hpp"
+#include "runtime/digest.hpp"
 #include "runtime/error.hpp"
 
 namespace layerswap {
@@ -73,6 +74,7 @@ constexpr int k_invalid_value = 1;     // CUDA_ERROR_INVALID_VALUE
 constexpr int k_out_of_memory = 2;     // CUDA_ERROR_OUT_OF_MEMORY
 constexpr int k_invalid_handle = 400;  // CUDA_ERROR_INVALID_HANDLE
 constexpr int k_illegal_state = 401;   // CUDA_ERROR_ILLEGAL_STATE
+constexpr int k_not_supported = 801;   // CUDA_ERROR_NOT_SUPPORTED
 
 constexpr device_ptr k_va_base = 0x7000'0000'0000;
 constexpr device_ptr k_va_limit = k_va_base + (std::uint64_t{1} << 50);
@@ -123,7 +125,7 @@ device_ptr align_up(device_ptr value, std::size_t alignment) {
   return (value + alignment - 1) & ~static_cast<device_ptr>(alignment - 1);
 }
 
-enum class op_kind : std::uint8_t { kernel, copy, record, wait, gate, value_wait, value_write };
+enum class op_kind : std::uint8_t { kernel, copy, record, wait, gate, value_wait, value_write, digest };
 
 struct op {
   op_kind kind = op_kind::kernel;
@@ -132,6 +134,7 @@ struct op {
   std::uint64_t id = 0;                  // record, wait: a record sequence (0: nothing to wait for); gate: its id;
                                          // value_wait, value_write: the value (ranges[0]: the 32-bit word)
   std::uint64_t event = 0;               // record, wait: the event's id
+  std::uint64_t* out = nullptr;          // digest: where the result goes (ranges[0]: the range read)
 };
 
 struct stream_state {
@@ -197,6 +200,7 @@ struct sim_driver::impl {
       : granularity(options.granularity),
         total(options.total_memory),
         host_limit(options.host_limit),
+        digest_enabled(options.digest),
         eager(options.eager),
         device(options.device) {
     if (granularity == 0 || !std::has_single_bit(granularity)) {
@@ -214,6 +218,7 @@ struct sim_driver::impl {
   const std::size_t granularity;
   std::size_t total;
   const std::size_t host_limit;
+  const bool digest_enabled;
   const bool eager;
   const int device;
 
@@ -224,6 +229,7 @@ struct sim_driver::impl {
   std::size_t maps = 0;
   std::size_t unmaps = 0;
   std::size_t host_waits = 0;
+  std::size_t digests = 0;
   std::size_t synchronizes = 0;
   std::size_t reserved = 0;
 
@@ -343,6 +349,9 @@ struct sim_driver::impl {
         break;
       case op_kind::value_write:
         what = "write of value " + std::to_string(o.id) + " at " + hex(o.ranges[0].va) + " #" + std::to_string(o.number);
+        break;
+      case op_kind::digest:
+        what = "digest #" + std::to_string(o.number);
         break;
     }
     return what + " on " + stream_text(stream);
@@ -474,11 +483,39 @@ struct sim_driver::impl {
         }
         break;
       }
+      case op_kind::digest:
+        execute_digest(o, stream);
+        break;
       case op_kind::wait:
       case op_kind::gate:
       case op_kind::value_wait:
         break;
     }
+  }
+
+  // The digest of runtime/digest.hpp, over the bytes the range holds when the operation runs.
+  void execute_digest(const op& o, std::uint64_t stream) {
+    const sim_driver::access& r = o.ranges[0];
+    digest128 sums;
+    fault_tally faults;
+    for (std::size_t done = 0; done < r.bytes;) {
+      const std::size_t n = piece(r.va + done, r.bytes - done);  // granules are multiples of 8 bytes
+      fault why = fault::none;
+      if (const std::byte* p = resolve(r.va + done, true, why)) {
+        digest_add(sums, p, n / 8, done / 8);
+      } else {
+        faults.add(why, r.va + done, n);
+      }
+      done += n;
+    }
+    ++digests;
+    if (faults.any()) {
+      violation(op_text(o, stream) + ": read of " + range_text(r.va, r.bytes) + " faulted: " + faults.text());
+      return;  // the result is left as it was, as a faulting kernel would leave it
+    }
+    const digest128 d = digest_finish(sums, r.bytes / 8);
+    o.out[0] = d.a;
+    o.out[1] = d.b;
   }
 
   void execute_copy(const op& o, std::uint64_t stream) {
@@ -925,6 +962,23 @@ void sim_driver::stream_wait_value(stream_handle stream, device_ptr addr, std::u
   enqueue_value_op(false, stream, addr, value);
 }
 
+bool sim_driver::can_digest() { return impl_->digest_enabled; }
+
+void sim_driver::digest_async(device_ptr va, std::size_t bytes, std::uint64_t* out, stream_handle stream) {
+  impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  const std::string call = "digest_async(" + range_text(va, bytes) + ", out=" + hex_ptr(out) + ")";
+  stream_state& s = m.stream(stream, call);
+  if (!m.digest_enabled) fail(k_not_supported, call, "this simulated device has no digest kernel (sim_options.digest)");
+  if (bytes % 16 != 0 || va % 16 != 0 || bytes == 0) fail(k_invalid_value, call, "the range must be 16-byte aligned and non-empty");
+  if (out == nullptr) fail(k_invalid_value, call, "no result words");
+  m.enqueue(s, op{op_kind::digest, 0, {access{va, bytes, false, 0}}, 0, 0, out});
+}
+
+std::uint64_t* sim_driver::alloc_host_words(std::size_t n) { return new std::uint64_t[n == 0 ? 1 : n](); }
+
+void sim_driver::free_host_words(std::uint64_t* words) { delete[] words; }
+
 void sim_driver::copy_async(device_ptr dst, device_ptr src, std::size_t bytes, stream_handle stream) {
   impl& m = *impl_;
   std::lock_guard lock(m.mutex);
@@ -1106,6 +1160,11 @@ std::size_t sim_driver::num_unmaps() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->unmaps;
 }
+std::size_t sim_driver::num_digests() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->digests;
+}
+
 std::size_t sim_driver::num_host_waits() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->host_waits;

@@ -30,6 +30,7 @@ struct sim_options {
   std::size_t total_memory = std::size_t{256} << 20;  // device bytes that may exist at once
   std::size_t granularity = std::size_t{2} << 20;     // a power of two
   bool eager = true;                                   // run operations as soon as they can run
+  bool digest = true;                                  // can_digest(): a device with the digest kernel
   int device = 0;
   std::size_t host_limit = 0;                          // host-located bytes that may exist at once; 0: unlimited
 };
@@ -72,6 +73,10 @@ class sim_driver final : public driver {
   void stream_wait(stream_handle stream, event_handle event) override;
   void stream_write_value(stream_handle stream, device_ptr addr, std::uint32_t value) override;
   void stream_wait_value(stream_handle stream, device_ptr addr, std::uint32_t value) override;
+  [[nodiscard]] bool can_digest() override;
+  void digest_async(device_ptr va, std::size_t bytes, std::uint64_t* out, stream_handle stream) override;
+  [[nodiscard]] std::uint64_t* alloc_host_words(std::size_t n) override;
+  void free_host_words(std::uint64_t* words) override;
   void copy_async(device_ptr dst, device_ptr src, std::size_t bytes, stream_handle stream) override;
   void copy_to_host(void* dst, device_ptr src, std::size_t bytes) override;
   void copy_from_host(device_ptr dst, const void* src, std::size_t bytes) override;
@@ -108,6 +113,7 @@ class sim_driver final : public driver {
   [[nodiscard]] std::size_t num_releases() const;
   [[nodiscard]] std::size_t num_maps() const;    // successful map() calls
   [[nodiscard]] std::size_t num_unmaps() const;  // successful unmap() calls
+  [[nodiscard]] std::size_t num_digests() const;       // digest operations executed
   [[nodiscard]] std::size_t num_host_waits() const;    // wait() calls
   [[nodiscard]] std::size_t num_synchronizes() const;  // synchronize() calls
   [[nodiscard]] std::size_t num_reserved_bytes() const;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "runtime/cuda_driver.hpp"
+#include "runtime/digest.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/error.hpp"
 
@@ -183,6 +184,65 @@ TEST(CudaDriver, ValueWaitHoldsAStreamUntilTheValueIsWritten) {
   free_region(*port, flag);
   free_region(*port, a);
   free_region(*port, b);
+}
+
+// The residency engine's write-back skip (allocator/residency.cpp, Note [Write-back]) rests on the GPU's digest
+// being the function of runtime/digest.hpp: equal for equal bytes, different when one bit changes.
+TEST(CudaDriver, DigestMatchesTheHostAndSeesEveryChange) {
+  if (layerswap::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU: skipped";
+  auto port = make_cuda_driver(0);
+  ASSERT_TRUE(port->can_digest()) << "the digest kernel did not load (built without nvcc?)";
+  const std::size_t g = port->granularity();
+  const std::size_t bytes = 64 * g;
+  const region dev = make_region(*port, bytes, memory_location::device);
+  const region host = make_region(*port, 2 * g, memory_location::host);
+  std::vector<std::byte> in = pattern(bytes, 11);
+  port->copy_from_host(dev.va, in.data(), bytes);
+  port->copy_from_host(host.va, in.data(), 2 * g);
+  std::uint64_t* words = port->alloc_host_words(8);
+  const stream_handle s = port->create_stream();
+  const event_handle done = port->create_event();
+  auto gpu = [&](device_ptr va, std::size_t n, std::uint64_t* out) {
+    port->digest_async(va, n, out, s);
+    port->record(done, s);
+    port->wait(done);
+    return digest128{out[0], out[1]};
+  };
+  EXPECT_EQ(gpu(dev.va, bytes, words), digest_of(in.data(), bytes));
+  EXPECT_EQ(gpu(dev.va + 16, g + 48, words + 2), digest_of(in.data() + 16, g + 48)) << "an unaligned, odd-sized range";
+  EXPECT_EQ(gpu(host.va, 2 * g, words + 4), digest_of(in.data(), 2 * g)) << "host-located pages";
+  const digest128 before = gpu(dev.va, bytes, words);
+  for (const std::size_t at : {std::size_t{0}, bytes / 2 + 5, bytes - 1}) {
+    in[at] ^= std::byte{0x10};
+    port->copy_from_host(dev.va + at, &in[at], 1);
+    const digest128 changed = gpu(dev.va, bytes, words);
+    EXPECT_NE(changed.a, before.a) << "one bit flipped at byte " << at;
+    EXPECT_NE(changed.b, before.b) << "one bit flipped at byte " << at;
+    EXPECT_EQ(changed, digest_of(in.data(), bytes));
+    in[at] ^= std::byte{0x10};
+    port->copy_from_host(dev.va + at, &in[at], 1);
+  }
+  EXPECT_EQ(gpu(dev.va, bytes, words), before) << "restored bytes, same digest";
+  // Two words swapped: the same multiset of words at other places.
+  std::swap_ranges(in.begin(), in.begin() + 8, in.begin() + 8);
+  port->copy_from_host(dev.va, in.data(), 16);
+  EXPECT_NE(gpu(dev.va, bytes, words), before) << "a digest blind to word order";
+
+  // Speed, for the record (not asserted): the engine digests every region it prefetches.
+  const auto start = std::chrono::steady_clock::now();
+  constexpr int k_rounds = 20;
+  for (int i = 0; i < k_rounds; ++i) port->digest_async(dev.va, bytes, words, s);
+  port->record(done, s);
+  port->wait(done);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("digest: %d x %zu MiB in %.3f ms: %.0f GB/s\n", k_rounds, bytes >> 20, seconds * 1e3,
+              k_rounds * static_cast<double>(bytes) / seconds / 1e9);
+
+  port->destroy_event(done);
+  port->destroy_stream(s);
+  port->free_host_words(words);
+  free_region(*port, dev);
+  free_region(*port, host);
 }
 
 TEST(CudaDriver, QueryBecomesTrueOnceTheWorkIsDone) {

@@ -64,7 +64,7 @@ std::string config_error_of(const vars& v) {
 
 TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   const auto table = settings_table();
-  ASSERT_EQ(table.size(), 12u);
+  ASSERT_EQ(table.size(), 13u);
   std::vector<std::string> names;
   for (const auto& info : table) {
     names.emplace_back(info.name);
@@ -73,7 +73,8 @@ TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   }
   EXPECT_EQ(names, (std::vector<std::string>{"LAYERSWAP", "LAYERSWAP_BUDGET", "LAYERSWAP_LOG", "LAYERSWAP_STATS",
                                              "LAYERSWAP_VA_RESERVE", "LAYERSWAP_TRACK", "LAYERSWAP_TRACK_API", "LAYERSWAP_TRACE",
-                                             "LAYERSWAP_PREFETCH", "LAYERSWAP_PIN", "LAYERSWAP_HOST_LIMIT", "LAYERSWAP_HOLD"}));
+                                             "LAYERSWAP_PREFETCH", "LAYERSWAP_PIN", "LAYERSWAP_HOST_LIMIT", "LAYERSWAP_HOLD",
+                                             "LAYERSWAP_WRITEBACK"}));
   EXPECT_STREQ(row("LAYERSWAP").default_value, "0");
   EXPECT_STREQ(row("LAYERSWAP_BUDGET").default_value, "none");
   EXPECT_STREQ(row("LAYERSWAP_LOG").default_value, "warn");
@@ -530,7 +531,8 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_PREFETCH=auto  (default)\n"
             "LAYERSWAP_PIN=none  (default)\n"
             "LAYERSWAP_HOST_LIMIT=none  (default)\n"
-            "LAYERSWAP_HOLD=0  (default)\n");
+            "LAYERSWAP_HOLD=0  (default)\n"
+            "LAYERSWAP_WRITEBACK=skip-clean  (default)\n");
 }
 
 TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
@@ -552,6 +554,7 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_PIN=none  (default)\n"
             "LAYERSWAP_HOST_LIMIT=none  (default)\n"
             "LAYERSWAP_HOLD=0  (default)\n"
+            "LAYERSWAP_WRITEBACK=skip-clean  (default)\n"
             "unknown setting LAYERSWAP_BUGDET=1 (did you mean LAYERSWAP_BUDGET?)\n");
 }
 
@@ -711,9 +714,13 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   EXPECT_EQ(c.pin_bytes, std::size_t{2} << 30);
   EXPECT_EQ(c.host_limit, 0u);
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_PIN", "last:1"}}).pin_last, 1u);
+  EXPECT_FALSE(parse_config(vars{}).writeback_always);
+  EXPECT_FALSE(parse_config(vars{{"LAYERSWAP_WRITEBACK", "Skip-Clean"}}).writeback_always);
+  EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_WRITEBACK", " always "}}).writeback_always);
   for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
            {"LAYERSWAP_PREFETCH", "0"}, {"LAYERSWAP_PREFETCH", "many"}, {"LAYERSWAP_PIN", "middle:2"},
-           {"LAYERSWAP_PIN", "first:x"}, {"LAYERSWAP_PIN", "first"}, {"LAYERSWAP_HOST_LIMIT", "lots"}}) {
+           {"LAYERSWAP_PIN", "first:x"}, {"LAYERSWAP_PIN", "first"}, {"LAYERSWAP_HOST_LIMIT", "lots"},
+           {"LAYERSWAP_WRITEBACK", "sometimes"}}) {
     const std::string why = config_error_of(vars{{name, value}});
     EXPECT_NE(why.find(name), std::string::npos) << why;
     EXPECT_NE(why.find(value), std::string::npos) << why;

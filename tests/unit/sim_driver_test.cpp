@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/digest.hpp"
 #include "runtime/error.hpp"
 
 namespace layerswap {
@@ -726,6 +727,73 @@ TEST(SimDriverCopies, CopyAsyncChecksBothRangesWhenItRuns) {
   EXPECT_CONTAINS(v[0], "copy #");
   EXPECT_CONTAINS(v[0], "source 4.00 KiB not mapped (first at " + hex(a.va) + ")");
   EXPECT_CONTAINS(v[0], "destination 4.00 KiB mapped without access rights");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Digests (runtime/digest.hpp)
+
+TEST(SimDriverDigests, DigestIsTheHostFunctionOfTheBytesWhenItRuns) {
+  sim_driver sim(deferred());
+  const mapped_range a = map_new(sim, 3 * k_gran);
+  const std::vector<std::byte> in = pattern(3 * k_gran, 9);
+  sim.host_write(a.va, in);
+  std::uint64_t* out = sim.alloc_host_words(4);
+  const stream_handle s = sim.create_stream();
+  EXPECT_TRUE(sim.can_digest());
+  sim.digest_async(a.va + 16, 2 * k_gran + 32, out, s);  // across granules, not granule-aligned
+  sim.launch(s, {{a.va, 1, true, 0x77}});                 // after it on the stream: not seen by it
+  EXPECT_EQ(out[0], 0u) << "the digest ran at enqueue time on a deferred device";
+  sim.run_all();
+  EXPECT_EQ((digest128{out[0], out[1]}), digest_of(in.data() + 16, 2 * k_gran + 32));
+  EXPECT_EQ(sim.num_digests(), 1u);
+  sim.digest_async(a.va, 3 * k_gran, out + 2, s);
+  sim.run_all();
+  std::vector<std::byte> now = in;
+  now[0] = std::byte{0x77};
+  EXPECT_EQ((digest128{out[2], out[3]}), digest_of(now.data(), now.size()));
+  EXPECT_NE((digest128{out[2], out[3]}), digest_of(in.data(), in.size()));
+  EXPECT_TRUE(sim.violations().empty()) << joined(sim.violations());
+  sim.free_host_words(out);
+}
+
+TEST(SimDriverDigests, BadRangesThrowAndUnmappedOnesAreViolations) {
+  sim_driver sim;
+  const mapped_range a = map_new(sim, k_gran);
+  std::uint64_t* out = sim.alloc_host_words(2);
+  const stream_handle s = sim.create_stream();
+  EXPECT_CONTAINS(error_of([&] { sim.digest_async(a.va, 24, out, s); }, 1), "16-byte aligned");
+  EXPECT_CONTAINS(error_of([&] { sim.digest_async(a.va, 0, out, s); }, 1), "16-byte aligned");
+  unmap_all(sim, a);
+  sim.digest_async(a.va, k_gran, out, s);
+  ASSERT_EQ(sim.violations().size(), 1u);
+  EXPECT_CONTAINS(sim.violations()[0], "digest #");
+  sim_options o;
+  o.digest = false;
+  sim_driver plain(o);
+  EXPECT_FALSE(plain.can_digest());
+  EXPECT_CONTAINS(error_of([&] { plain.digest_async(0, 16, out, nullptr); }, 801), "no digest kernel");
+  sim.free_host_words(out);
+}
+
+TEST(Digest, OneChangedWordChangesBothLanesAndOrderMatters) {
+  std::vector<std::uint64_t> w(1024);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = i * 0x9e3779b97f4a7c15ULL;
+  const digest128 d = digest_of(w.data(), w.size() * 8);
+  for (const std::size_t at : {std::size_t{0}, std::size_t{511}, std::size_t{1023}}) {
+    for (const std::uint64_t flip : {std::uint64_t{1}, std::uint64_t{1} << 63}) {
+      w[at] ^= flip;
+      const digest128 e = digest_of(w.data(), w.size() * 8);
+      EXPECT_NE(e.a, d.a);
+      EXPECT_NE(e.b, d.b);
+      w[at] ^= flip;
+    }
+  }
+  std::swap(w[3], w[700]);
+  EXPECT_NE(digest_of(w.data(), w.size() * 8), d);
+  std::swap(w[3], w[700]);
+  EXPECT_NE(digest_of(w.data(), 512 * 8), digest_of(w.data(), 1024 * 8));
+  const std::vector<std::uint64_t> zeros(1024);
+  EXPECT_NE(digest_of(zeros.data(), 512 * 8), digest_of(zeros.data(), 1024 * 8)) << "zeros of two lengths";
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -468,7 +468,14 @@ std::vector<phys_handle> caching_allocator::impl::gather_pages_locked(std::size_
       if (reclaim_one_locked()) continue;
     }
     // Note [Allocation under pressure] (residency.cpp): pages `out` already holds stay with this request.
-    if (engine && engine->evict_sync_locked()) continue;
+    if (engine) {
+      const auto start = std::chrono::steady_clock::now();
+      const bool evicted = engine->evict_sync_locked();
+      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
+      st.stall_us += us;
+      st.host_wait_us += us;
+      if (evicted) continue;
+    }
     give_back();
     throw_oom_locked(request);
   }
@@ -514,7 +521,9 @@ void caching_allocator::impl::fence_locked(segment* seg) {
   event_handle e = take_event_locked();
   port.record(e, pool->stream);
   if (engine) engine->release_holds_locked();  // the wait may reach a launch held on a prefetch
+  const auto start = std::chrono::steady_clock::now();
   port.wait(e);
+  st.host_wait_us += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
   spare_events.push_back(e);
   ++st.num_host_waits;
   pool->fenced_epoch = std::max(pool->fenced_epoch, now);
@@ -674,7 +683,10 @@ void caching_allocator::impl::process_pending_locked(bool wait) {
     bool done = true;
     for (event_handle e : p.events) {
       if (wait) {
+        const auto start = std::chrono::steady_clock::now();
         port.wait(e);
+        st.host_wait_us +=
+            std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
         ++st.num_host_waits;
       } else if (!port.query(e)) {
         done = false;
@@ -962,6 +974,7 @@ void caching_allocator::reset_accumulated_stats() {
   impl_->st.device_bytes.reset_accumulated();
   impl_->st.num_alloc_retries = impl_->st.num_ooms = 0;
   impl_->st.num_device_alloc = impl_->st.num_device_free = impl_->st.num_host_waits = 0;
+  impl_->st.host_wait_us = impl_->st.stall_us = 0;
 }
 
 bool caching_allocator::owns(const void* ptr) const noexcept {

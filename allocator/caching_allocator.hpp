@@ -55,6 +55,8 @@ struct allocator_stats {
   std::int64_t num_device_alloc = 0;  // physical pages created
   std::int64_t num_device_free = 0;   // physical pages released to the driver
   std::int64_t num_host_waits = 0;    // times the allocator waited for a stream's event
+  std::int64_t host_wait_us = 0;      // ... the time those waits took, with the synchronous evictions' (below)
+  std::int64_t stall_us = 0;          // time allocations spent in synchronous evictions (residency.cpp)
   std::int64_t num_lock_waits = 0;    // allocate/deallocate calls that found the allocator's mutex taken
   std::int64_t lock_wait_us = 0;      // ... and the time they waited for it
   std::int64_t num_foreign_frees = 0; // deallocate() of pointers this allocator does not own

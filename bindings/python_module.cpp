@@ -55,6 +55,8 @@ py::dict stats_dict(const allocator_stats& s) {
   d["num_device_alloc"] = s.num_device_alloc;
   d["num_device_free"] = s.num_device_free;
   d["num_host_waits"] = s.num_host_waits;
+  d["host_wait_s"] = static_cast<double>(s.host_wait_us) * 1e-6;
+  d["stall_s"] = static_cast<double>(s.stall_us) * 1e-6;
   d["num_lock_waits"] = s.num_lock_waits;
   d["lock_wait_s"] = static_cast<double>(s.lock_wait_us) * 1e-6;
   d["num_foreign_frees"] = s.num_foreign_frees;
@@ -219,6 +221,8 @@ PYBIND11_MODULE(_C, m) {
     d["truncated"] = s.truncated;
     d["dropped"] = s.dropped;
     d["nested_skipped"] = s.nested_skipped;
+    d["launch_api_s"] = static_cast<double>(s.launch_api_ns) * 1e-9;
+    d["launch_api_calls"] = s.launch_api_calls;
     d["recent_dropped"] = s.recent_dropped;
     d["trace_written"] = s.trace_written;
     d["trace_skipped"] = s.trace_skipped;

@@ -45,6 +45,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -446,6 +447,43 @@ void enqueue_holds(const thread_scratch& t) noexcept {
   }
 }
 
+// The time a kernel launch call takes (tracker_stats::launch_api_ns), from its entry callback (after the nesting
+// check, before the decoding) to its exit callback: the decoding, any wait in the residency gate, and the driver.
+std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+bool is_kernel_launch(CUpti_CallbackDomain domain, CUpti_CallbackId cbid) noexcept {
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+    switch (cbid) {
+      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000:
+      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000:
+      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000:
+      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000:
+      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060:
+      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060:
+        return true;
+      default:
+        return false;
+    }
+  }
+  switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
+      return true;
+    default:
+      return false;
+  }
+}
+void end_api_timing(tracker_core& core, thread_scratch& t) noexcept {
+  if (t.api_start == 0) return;
+  core.add_launch_api_time(static_cast<std::uint64_t>(now_ns() - t.api_start));
+  t.api_start = 0;
+}
+
 // LAYERSWAP_TRACK=subscribe-only: CUPTI's own cost per launch, with the same callbacks enabled.
 void CUPTIAPI on_callback_empty(void*, CUpti_CallbackDomain, CUpti_CallbackId, const void*) noexcept {}
 
@@ -466,9 +504,11 @@ void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId c
     if (info->callbackSite == CUPTI_API_EXIT) {
       t.gate.close();
       t.nesting.runtime_exit();
+      end_api_timing(*core, t);
       return;
     }
     t.nesting.runtime_enter();
+    if (is_kernel_launch(domain, cbid)) t.api_start = now_ns();
     t.gate.open();
     on_runtime(*core, t, cbid, info);
     if (t.gate.hold_count() != 0) enqueue_holds(t);
@@ -479,8 +519,10 @@ void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId c
     }
     if (info->callbackSite == CUPTI_API_EXIT) {
       t.gate.close();
+      end_api_timing(*core, t);
       return;
     }
+    if (is_kernel_launch(domain, cbid)) t.api_start = now_ns();
     t.gate.open();
     on_driver(*core, t, cbid, info);
     if (t.gate.hold_count() != 0) enqueue_holds(t);

@@ -35,6 +35,7 @@ struct residency_gate_calls {
 struct thread_scratch {
   std::uint32_t generation = 0;  // the subscription this thread's nesting and gate frames belong to
   std::uint64_t stream = 0;      // the stream of the launch being recorded (where its holds' waits go)
+  std::int64_t api_start = 0;    // steady-clock ns at the entry of the kernel launch in flight (0: none)
   launch_nesting nesting;
   region_set regions;
   launch_gate<residency_gate_calls> gate;

@@ -163,6 +163,8 @@ tracker_stats tracker_core::stats() {
   tracker_stats s = stats_;
   s.dropped = dropped_.load(std::memory_order_relaxed);
   s.nested_skipped = nested_.load(std::memory_order_relaxed);
+  s.launch_api_ns = launch_api_ns_.load(std::memory_order_relaxed);
+  s.launch_api_calls = launch_api_calls_.load(std::memory_order_relaxed);
   s.trace_written = trace_.written();
   s.trace_skipped = trace_.skipped();
   s.functions = layouts_.functions();

@@ -58,6 +58,8 @@ struct tracker_stats {
   std::uint64_t truncated = 0;        // launches with more regions than recorded
   std::uint64_t dropped = 0;          // events lost to a full ring
   std::uint64_t nested_skipped = 0;   // driver callbacks of runtime calls, not counted again
+  std::uint64_t launch_api_ns = 0;    // time inside kernel launch calls (entry to exit callback), all threads
+  std::uint64_t launch_api_calls = 0; // ... over this many launches
   std::uint64_t recent_dropped = 0;   // launches pushed out of the recent buffer before drain()
   std::uint64_t trace_written = 0;
   std::uint64_t trace_skipped = 0;
@@ -88,6 +90,11 @@ class tracker_core {
   std::uint64_t record(launch_kind kind, std::uint64_t stream, std::uint32_t kernel, undecoded_reason reason,
               const region_set& regions) noexcept;
   void count_nested() noexcept { nested_.fetch_add(1, std::memory_order_relaxed); }
+  // Time one kernel launch call took, from its API entry to its exit (the driver's own work and any wait in it).
+  void add_launch_api_time(std::uint64_t ns) noexcept {
+    launch_api_ns_.fetch_add(ns, std::memory_order_relaxed);
+    launch_api_calls_.fetch_add(1, std::memory_order_relaxed);
+  }
 
   // ---- consumer side ----
   void start_consumer();
@@ -115,6 +122,8 @@ class tracker_core {
   std::atomic<std::uint64_t> next_launch_{1};
   std::atomic<std::uint64_t> dropped_{0};
   std::atomic<std::uint64_t> nested_{0};
+  std::atomic<std::uint64_t> launch_api_ns_{0};
+  std::atomic<std::uint64_t> launch_api_calls_{0};
   std::uint64_t origin_ns_ = 0;
   bool stamp_ = false;  // whether record() reads the clock (a trace is written)
 

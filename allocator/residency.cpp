@@ -95,10 +95,13 @@
 //
 // Note [Allocation under pressure]
 //   When a request does not fit in the budget, the allocator reclaims its cache first, then calls
-//   evict_sync_locked(): it settles the moves in flight (host waits), then evicts the live, unpinned, resident
-//   region with the farthest next use (ranks of the last policy round; absent: least recently used), waiting
-//   for its fences and copy on the host. A remap refused by the gate (a launch on another thread) abandons
-//   that victim and tries the next. Only when nothing is left to evict does the allocator raise OOM.
+//   evict_sync_locked(). Evictions in flight free their pages soonest: it finishes the moves whose copies are done
+//   and, if none was an eviction, waits for the oldest eviction in flight alone (the D2H stream runs in order), not
+//   for the prefetches, whose pages stay taken when they land. Only when no eviction was in flight (or it was
+//   abandoned) does it settle every move and evict the live, unpinned, resident region with the farthest next use
+//   (ranks of the last policy round; absent: least recently used), waiting for its fences and copy on the host. A
+//   remap refused by the gate (a launch on another thread) abandons that victim and tries the next. Only when
+//   nothing is left to evict does the allocator raise OOM.
 //
 // Note [Freeing a moved region]
 //   deallocate() of a region moving out cancels the move (the region stays device-backed and is cached as
@@ -187,6 +190,7 @@ struct move {
   std::uint64_t* words = nullptr;    // the region's digest result words (taken with the mutex held)
   std::uint32_t ticket = 0;          // prefetch: the hold published (0: none; Note [Holds])
   std::uint64_t number = 0;          // order of publication of the holds (release_holds)
+  std::uint64_t started = 0;         // order of the moves' starts (evict_sync_locked waits for the oldest eviction)
 };
 
 struct swap_region {
@@ -214,6 +218,7 @@ struct swap_region {
 };
 
 struct residency_engine::impl {
+  using swap_region_ptr = swap_region*;
   impl(driver& p, std::mutex& m, page_source& s, residency_options o)
       : port(p), mutex(m), source(s), options(std::move(o)), gran(p.granularity()) {}
 
@@ -250,6 +255,7 @@ struct residency_engine::impl {
   std::vector<std::size_t> free_slots;
   std::atomic<std::size_t> held_moves{0};  // moves with a published hold (released by busy owners too)
   std::uint64_t holds_published = 0;       // holds published so far (their order: release_holds)
+  std::uint64_t moves_started = 0;         // moves started so far (move::started)
   std::chrono::steady_clock::time_point last_policy{};  // guarded by tick_mutex
   // Note [Write-back]: result words for the regions' digests, k_digest_chunk regions per allocation.
   std::atomic<int> digest_support{0};  // 0: not asked yet; 1: the port digests; -1: no skip
@@ -648,6 +654,7 @@ struct residency_engine::impl {
 
   // A started move becomes the region's.
   void begin(swap_region& r, std::unique_ptr<move> m, region_residency state) {
+    m->started = ++moves_started;
     r.mv = std::move(m);
     r.state = state;
     ++moves;
@@ -1169,6 +1176,9 @@ void residency_engine::tick() {
     m.last_policy = now;
     m.source.maintain();
     if (m.active()) m.policy(f);  // after the finished evictions gave their pages back
+    ++m.st.policy_rounds;
+    m.st.policy_us +=
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - now).count();
   }
   m.outside_lock(lock, std::exchange(m.starting, {}), &impl::start_prefetch_copy, &impl::end_start, failure);
   if (failure) std::rethrow_exception(failure);
@@ -1229,9 +1239,28 @@ void residency_engine::release_holds_locked() { impl_->release_holds(); }
 bool residency_engine::evict_sync_locked() {
   impl& m = *impl_;
   if (!m.active()) return false;  // Note [No tracker]
-  m.settle_all();
   // The allocation this serves did not fit: the reserve for memory that cannot move was too small.
   if (m.forecast_applied) m.max_transient = std::max(m.max_transient, m.transient_bytes() + m.gran);
+  // Note [Allocation under pressure]: evictions already in flight free pages soonest. Finish the moves whose copies
+  // are done (no host wait); if none of them was an eviction, wait for the oldest eviction in flight alone (the D2H
+  // stream runs in order: its copy is the next to end), not for every move, prefetches included.
+  const std::int64_t before = m.st.evictions;
+  m.wait_none_busy();
+  for (auto& [id, r] : m.regions) {
+    if (!r->mv || !r->mv->done || !m.port.query(r->mv->done)) continue;
+    if (!m.resolve_check(*r) && (!r->mv || !m.port.query(r->mv->done))) continue;
+    m.finish(*r);
+  }
+  if (m.st.evictions != before) return true;
+  impl::swap_region_ptr oldest = nullptr;
+  for (auto& [id, r] : m.regions) {
+    if (r->mv && !r->mv->to_device && (!oldest || r->mv->started < oldest->mv->started)) oldest = r.get();
+  }
+  if (oldest) {
+    m.settle(*oldest);
+    if (m.st.evictions != before) return true;
+  }
+  m.settle_all();
   // Forecast regions first (farthest next use); regions absent from the forecast only when none is left.
   // Victims refused by the gate are skipped for this call; each attempt either evicts or skips one region.
   std::unordered_set<region_id> refused;

@@ -562,10 +562,21 @@ def _flatten(d, prefix=""):
     return out
 
 
+def ls_snapshot(ls, device):
+    """layerswap.stats(device), with the launch tracker's statistics under "tracker" (launch_api_s ...)."""
+    snap = ls.stats(device)
+    try:
+        import layerswap.tracker as lt
+        snap["tracker"] = {k: v for k, v in lt.stats().items() if isinstance(v, (int, float))}
+    except Exception:  # no tracker: its figures are left out
+        pass
+    return snap
+
+
 # layerswap statistics reported per timed step (differences of two snapshots over the timed steps).
 PER_STEP_STATS = ("launch_wait_s", "launch_waits", "launch_holds", "stall_evictions", "abandoned", "lock_wait_s",
                   "num_lock_waits", "evictions", "writeback_skipped", "writeback_checked", "launch_api_s",
-                  "launch_api_calls", "host_wait_s", "num_host_waits", "stall_s")
+                  "launch_api_calls", "host_wait_s", "num_host_waits", "stall_s", "policy_rounds", "policy_s")
 
 
 def layerswap_traffic(before, after, steps):
@@ -741,7 +752,7 @@ def worker_train(spec, out, log):
 
     def after_step(step):
         if ls is not None and step == cfg.warmup - 1:
-            snapshots["after_warmup"] = ls.stats(device)
+            snapshots["after_warmup"] = ls_snapshot(ls, device)
         if swapper is not None and step == cfg.warmup - 1:
             snapshots["swapper_after_warmup"] = dict(swapper.counters)
         if swapper is not None and step == 0:
@@ -789,7 +800,7 @@ def worker_train(spec, out, log):
             out["transient_bytes"] = meter.peak_transient
         if ls is not None:
             try:
-                snapshots["end"] = ls.stats(device)
+                snapshots["end"] = ls_snapshot(ls, device)
             except Exception as err:
                 log(f"warning: layerswap.stats() failed: {type(err).__name__}: {err}")
             out["layerswap_stats"] = snapshots

@@ -433,6 +433,38 @@ TEST(Residency, AllocationUnderPressureEvictsTheFarthestRegion) {
   h.expect_clean();
 }
 
+// Note [Allocation under pressure]: with evictions in flight, the allocation waits for the oldest one alone, not
+// for the other moves (a prefetch's copy, which frees nothing, or a younger eviction).
+TEST(Residency, AllocationUnderPressureWaitsForTheOldestEvictionOnly) {
+  harness h(12 * MiB, /*eager=*/false);
+  void* a = h.written(4 * MiB, 1);
+  void* b = h.written(4 * MiB, 2);
+  void* c = h.written(4 * MiB, 3);
+  h.sim.run_all();
+  ASSERT_TRUE(h.alloc.request_evict(c));
+  h.sim.run_all();
+  h.alloc.residency_tick();
+  ASSERT_EQ(h.alloc.residency_of(c), region_residency::host);
+  ASSERT_TRUE(h.alloc.request_prefetch(c));  // takes c's pooled pages back: 12 MiB held, nothing free
+  ASSERT_TRUE(h.alloc.request_evict(a));
+  ASSERT_TRUE(h.alloc.request_evict(b));
+  void* d = h.alloc.allocate(4 * MiB, h.s1);  // does not fit: a's eviction ends, and only it
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::host);
+  EXPECT_EQ(h.alloc.residency_of(b), region_residency::moving_out) << "waited for a younger eviction too";
+  EXPECT_EQ(h.alloc.residency_of(c), region_residency::moving_in) << "waited for a prefetch, which frees nothing";
+  h.sim.run_all();
+  h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(b), region_residency::host);
+  EXPECT_EQ(h.alloc.residency_of(c), region_residency::device);
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 1));
+  EXPECT_TRUE(h.holds(b, 4 * MiB, 2));
+  EXPECT_TRUE(h.holds(c, 4 * MiB, 3));
+  for (void* p : {a, b, c, d}) h.alloc.deallocate(p);
+  h.sim.run_all();
+  h.expect_clean();
+}
+
 TEST(Residency, PolicyPrefetchesInForecastOrderWithinTheBudget) {
   fixed_forecast f;
   harness h(16 * MiB);

@@ -97,9 +97,10 @@
 //   When a request does not fit in the budget, the allocator reclaims its cache first, then calls
 //   evict_sync_locked(). Evictions in flight free their pages soonest: it finishes the moves whose copies are done
 //   and, if none was an eviction, waits for the oldest eviction in flight alone (the D2H stream runs in order), not
-//   for the prefetches, whose pages stay taken when they land. Only when no eviction was in flight (or it was
-//   abandoned) does it settle every move and evict the live, unpinned, resident region with the farthest next use
-//   (ranks of the last policy round; absent: least recently used), waiting for its fences and copy on the host. A
+//   for the prefetches, whose pages stay taken when they land. When no eviction was in flight (or it was
+//   abandoned), it evicts the live, unpinned, resident region not moving with the farthest next use (ranks of the
+//   last policy round; absent: least recently used), waiting for its fences and copy on the host; only if there is
+//   none does it settle every move first (their regions become candidates) and try again. A
 //   remap refused by the gate (a launch on another thread) abandons that victim and tries the next. Only when
 //   nothing is left to evict does the allocator raise OOM.
 //
@@ -259,6 +260,8 @@ struct residency_engine::impl {
   std::chrono::steady_clock::time_point last_policy{};  // guarded by tick_mutex
   // Note [Write-back]: result words for the regions' digests, k_digest_chunk regions per allocation.
   std::atomic<int> digest_support{0};  // 0: not asked yet; 1: the port digests; -1: no skip
+  std::atomic<int> batch_unmap{0};     // Note [Batched unmaps]: 0 not tried yet, 1 works, -1 refused
+  std::atomic<std::int64_t> remap_ns{0};  // time in the driver calls of remaps and prefetch starts (any thread)
   std::vector<std::uint64_t*> digest_chunks;
   std::vector<std::size_t> free_digest_slots;
 
@@ -430,7 +433,21 @@ struct residency_engine::impl {
     }
   }
 
+  // Note [Batched unmaps]: the pages of a region are n mappings of one granule each. One cuMemUnmap over the
+  // whole run is tried first (the driver's cost is per call as much as per byte); if the driver refuses it, the
+  // pages are unmapped one by one, and from then on always.
   void unmap_pages(device_ptr va, std::size_t n) {
+    if (n > 1 && batch_unmap.load(std::memory_order_relaxed) >= 0) {
+      try {
+        port.unmap(va, n * gran);
+        batch_unmap.store(1, std::memory_order_relaxed);
+        return;
+      } catch (const cuda_error& e) {
+        if (batch_unmap.exchange(-1) >= 0) {
+          LAYERSWAP_LOG(info, "residency: the driver unmaps one mapping per call (%s)", e.what());
+        }
+      }
+    }
     for (std::size_t i = 0; i < n; ++i) port.unmap(va + i * gran, gran);
   }
   void map_pages(device_ptr va, const std::vector<phys_handle>& pages) {
@@ -627,10 +644,12 @@ struct residency_engine::impl {
 
   // Maps the move's pages at its staging VA and starts the copy: driver calls on the move's own pages and VA only.
   void start_prefetch_copy(swap_region& r) {
+    const auto start = std::chrono::steady_clock::now();
     move& m = *r.mv;
     for (; m.mapped < m.pages.size(); ++m.mapped) port.map(m.shadow + m.mapped * gran, gran, m.pages[m.mapped], 0);
     port.set_access(m.shadow, r.bytes);
     start_copy(r, m, h2d);
+    remap_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   }
 
   // After start_prefetch_copy (mutex held): a move whose copy did not start is undone.
@@ -712,6 +731,14 @@ struct residency_engine::impl {
   // it without the mutex while r.busy keeps everyone else off the region. Releases the gate (and launches waiting
   // for the prefetch) whether or not a call throws.
   void remap_busy(swap_region& r) {
+    const auto start = std::chrono::steady_clock::now();
+    struct timed {
+      impl& e;
+      std::chrono::steady_clock::time_point start;
+      ~timed() {
+        e.remap_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+      }
+    } clock{*this, start};
     move& m = *r.mv;
     if (!gate::try_begin_remap(r.id, m.snapshot, m.to_device)) {
       m.refused = true;
@@ -1260,26 +1287,28 @@ bool residency_engine::evict_sync_locked() {
     m.settle(*oldest);
     if (m.st.evictions != before) return true;
   }
-  m.settle_all();
   // Forecast regions first (farthest next use); regions absent from the forecast only when none is left.
-  // Victims refused by the gate are skipped for this call; each attempt either evicts or skips one region.
+  // Victims refused by the gate are skipped for this call; each attempt either evicts or skips one region. First
+  // among the regions not moving, with no other host wait; then, once every move is settled, among all.
   std::unordered_set<region_id> refused;
-  for (const bool forecast_only : {true, false}) {
+  const auto evict_one = [&](bool forecast_only) {
     for (;;) {
       swap_region* victim = m.pick_victim(&refused, forecast_only);
-      if (!victim) break;
-      const std::int64_t before = m.st.evictions;
+      if (!victim) return false;
+      const std::int64_t evicted = m.st.evictions;
       if (!m.start_evict(*victim, true)) {
         refused.insert(victim->id);
         continue;
       }
       for (event_handle e : victim->mv->fences) m.port.wait(e);
       m.settle(*victim);
-      if (m.st.evictions != before) return true;
+      if (m.st.evictions != evicted) return true;
       refused.insert(victim->id);
     }
-  }
-  return false;
+  };
+  if (evict_one(true)) return true;
+  m.settle_all();
+  return evict_one(true) || evict_one(false);
 }
 
 bool residency_engine::request_locked(swap_region* r, bool to_device) {
@@ -1325,6 +1354,7 @@ residency_stats residency_engine::stats_locked() const {
   s.launch_wait_us = waits.ns / 1000;
   s.launch_wait_timeouts = waits.timeouts;
   s.launch_holds = waits.holds;
+  s.remap_us = m.remap_ns.load(std::memory_order_relaxed) / 1000;
   for (const auto& [id, r] : m.regions) {
     if (!r->live) continue;
     ++s.regions_swappable;

@@ -77,6 +77,7 @@ struct residency_stats {
   std::uint64_t launch_holds = 0;      // launches held on the GPU for a prefetch instead (process-wide)
   std::int64_t policy_rounds = 0;      // policy rounds run (Note [Policy rounds])
   std::int64_t policy_us = 0;          // ... and the time they held the allocator mutex
+  std::int64_t remap_us = 0;           // time in the driver calls of remaps and prefetch starts (map, unmap, access)
   bool active = false;                 // whether the engine moves regions (a fed gate or without_tracker)
 };
 

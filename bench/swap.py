@@ -576,7 +576,8 @@ def ls_snapshot(ls, device):
 # layerswap statistics reported per timed step (differences of two snapshots over the timed steps).
 PER_STEP_STATS = ("launch_wait_s", "launch_waits", "launch_holds", "stall_evictions", "abandoned", "lock_wait_s",
                   "num_lock_waits", "evictions", "writeback_skipped", "writeback_checked", "launch_api_s",
-                  "launch_api_calls", "host_wait_s", "num_host_waits", "stall_s", "policy_rounds", "policy_s")
+                  "launch_api_calls", "host_wait_s", "num_host_waits", "stall_s", "policy_rounds", "policy_s",
+                  "remap_s")
 
 
 def layerswap_traffic(before, after, steps):

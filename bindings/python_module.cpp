@@ -88,6 +88,7 @@ py::dict residency_dict(const residency_stats& r) {
   d["launch_holds"] = r.launch_holds;
   d["policy_rounds"] = r.policy_rounds;
   d["policy_s"] = static_cast<double>(r.policy_us) * 1e-6;
+  d["remap_s"] = static_cast<double>(r.remap_us) * 1e-6;
   if (r.launches_counted) {
     d["hit_rate"] = 1.0 - static_cast<double>(r.launches_missed) / static_cast<double>(r.launches_counted);
   } else {

@@ -201,6 +201,7 @@ struct sim_driver::impl {
         total(options.total_memory),
         host_limit(options.host_limit),
         digest_enabled(options.digest),
+        unmap_one_mapping(options.unmap_one_mapping),
         eager(options.eager),
         device(options.device) {
     if (granularity == 0 || !std::has_single_bit(granularity)) {
@@ -219,6 +220,7 @@ struct sim_driver::impl {
   std::size_t total;
   const std::size_t host_limit;
   const bool digest_enabled;
+  const bool unmap_one_mapping;
   const bool eager;
   const int device;
 
@@ -828,6 +830,9 @@ void sim_driver::unmap(device_ptr va, std::size_t bytes) {
                " made by one map() call; unmap removes whole mappings only");
     }
     at += it->second.bytes;
+    if (m.unmap_one_mapping && at < va + bytes) {
+      fail(k_invalid_value, call, "this simulated device unmaps one mapping per call (sim_options.unmap_one_mapping)");
+    }
   }
   if (std::string hit = m.pending_touch_text(va, bytes, {}, /*held_ok=*/true); !hit.empty()) {
     m.violation(call + " while " + hit + ": it would fault or read garbage on a GPU (DESIGN.md invariant 3)");

@@ -31,6 +31,7 @@ struct sim_options {
   std::size_t granularity = std::size_t{2} << 20;     // a power of two
   bool eager = true;                                   // run operations as soon as they can run
   bool digest = true;                                  // can_digest(): a device with the digest kernel
+  bool unmap_one_mapping = false;                      // unmap() refuses a range of several mappings
   int device = 0;
   std::size_t host_limit = 0;                          // host-located bytes that may exist at once; 0: unlimited
 };

@@ -245,6 +245,44 @@ TEST(CudaDriver, DigestMatchesTheHostAndSeesEveryChange) {
   free_region(*port, host);
 }
 
+// Note [Batched unmaps] (allocator/residency.cpp): does one cuMemUnmap remove a run of several whole mappings?
+// Either answer is fine for the engine (it falls back to one call per mapping); what must hold is that a refusal
+// leaves every mapping in place, and a success leaves the range free to map again.
+TEST(CudaDriver, OneUnmapOverSeveralMappingsWorksOrChangesNothing) {
+  if (layerswap::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU: skipped";
+  auto port = make_cuda_driver(0);
+  const std::size_t g = port->granularity();
+  constexpr std::size_t k_pages = 8;
+  const device_ptr va = port->reserve(k_pages * g, 0);
+  std::vector<phys_handle> pages;
+  for (std::size_t i = 0; i < k_pages; ++i) {
+    pages.push_back(port->create(g, memory_location::device));
+    port->map(va + i * g, g, pages[i], 0);
+  }
+  port->set_access(va, k_pages * g);
+  const std::vector<std::byte> in = pattern(k_pages * g, 3);
+  port->copy_from_host(va, in.data(), in.size());
+  bool batched = true;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    port->unmap(va, k_pages * g);
+  } catch (const cuda_error& e) {
+    batched = false;
+    std::printf("one unmap over %zu mappings refused: %s\n", k_pages, e.what());
+    EXPECT_EQ(difference(in, read_back(*port, va, in.size())), "") << "a refused unmap changed the mappings";
+    for (std::size_t i = 0; i < k_pages; ++i) port->unmap(va + i * g, g);
+  }
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  std::printf("unmap of %zu mappings (%zu MiB): %s, %.1f us\n", k_pages, (k_pages * g) >> 20,
+              batched ? "one call" : "one call each", us);
+  for (std::size_t i = 0; i < k_pages; ++i) {
+    EXPECT_NO_THROW(port->map(va + i * g, g, pages[i], 0)) << "page " << i << " is still mapped after the unmap";
+  }
+  for (std::size_t i = 0; i < k_pages; ++i) port->unmap(va + i * g, g);
+  for (phys_handle h : pages) port->release(h);
+  port->unreserve(va, k_pages * g);
+}
+
 TEST(CudaDriver, QueryBecomesTrueOnceTheWorkIsDone) {
   if (layerswap::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU: skipped";
   auto port = make_cuda_driver(0);

@@ -271,6 +271,32 @@ TEST(Residency, OftenDirtyRegionIsCopiedWithoutACheck) {
   h.expect_clean();
 }
 
+// Note [Batched unmaps]: a region's pages go in one unmap call; on a driver that refuses that, one by one.
+TEST(Residency, PagesAreUnmappedInOneCallOrOneByOne) {
+  for (const bool one_per_call : {false, true}) {
+    SCOPED_TRACE(one_per_call ? "a driver that unmaps one mapping per call" : "batched");
+    sim_options so = harness::make_sim(true, true);
+    so.unmap_one_mapping = one_per_call;
+    sim_driver sim(so);
+    caching_allocator alloc(sim, harness::make_options(64 * MiB, false, true, true));
+    void* a = alloc.allocate(8 * MiB, nullptr);
+    sim.launch(nullptr, {{reinterpret_cast<device_ptr>(a), 8 * MiB, true, 0x42}});
+    const std::size_t before = sim.num_unmaps();
+    ASSERT_TRUE(alloc.request_evict(a));
+    alloc.residency_tick();
+    ASSERT_EQ(alloc.residency_of(a), region_residency::host);
+    EXPECT_EQ(sim.num_unmaps() - before, one_per_call ? 4u : 1u);
+    ASSERT_TRUE(alloc.request_prefetch(a));
+    alloc.residency_tick();
+    ASSERT_EQ(alloc.residency_of(a), region_residency::device);
+    std::vector<std::byte> out(8 * MiB);
+    sim.host_read(reinterpret_cast<device_ptr>(a), out);
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0x42}; }));
+    alloc.deallocate(a);
+    EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  }
+}
+
 // LAYERSWAP_WRITEBACK=always, or a device that cannot digest: every eviction copies.
 TEST(Residency, WithoutDigestsEveryEvictionCopies) {
   for (const bool skip_clean : {false, true}) {

@@ -64,7 +64,8 @@
 //     k_unchecked_evictions evictions, which copy at once: a check costs a digest and a round of the migration
 //     thread before the copy starts.
 //   A skip loses a write only if the region changed and both 64-bit lanes of the digest still match: about 2^-128
-//   for unrelated content. Where the port cannot digest, every eviction copies.
+//   for unrelated content. The result words are poisoned before each check (the complement of the known digest),
+//   so a digest that never ran reads as dirty, never as clean. Where the port cannot digest, every eviction copies.
 //
 // Note [Policy]
 //   With a learned forecast: regions get a rank (their index in the forecast; absent = no forecast). The wanted
@@ -553,16 +554,28 @@ struct residency_engine::impl {
       port.record(e, s);
       port.stream_wait(copy_stream, e);
     }
-    m.done = m.spare_fences.empty() ? port.create_event() : pop(m.spare_fences);
-    if (m.checking && !enqueue_digest(r, m, r.va, copy_stream)) {
-      m.checking = false;  // Note [Write-back]: digests failed, copy instead
-      r.digest_known = false;
+    // m.done is set only once recorded: a move with m.done is one whose copy is enqueued (end_start, recycle).
+    event_handle done = m.spare_fences.empty() ? port.create_event() : pop(m.spare_fences);
+    bool digesting = false;
+    try {
+      if (m.checking && !(digesting = enqueue_digest(r, m, r.va, copy_stream))) {
+        m.checking = false;  // Note [Write-back]: digests failed, copy instead
+        r.digest_known = false;
+      }
+      if (!m.checking) {
+        port.copy_async(m.shadow, r.va, r.bytes, copy_stream);
+        if (m.digested) m.digested = digesting = enqueue_digest(r, m, m.shadow, copy_stream);
+      }
+      port.record(done, copy_stream);
+    } catch (...) {
+      m.spare_fences.push_back(done);
+      if (digesting) {  // the digest may still write the region's words: they are left to it, never reused
+        r.digest_slot = k_no_slot;
+        r.digest_known = false;
+      }
+      throw;
     }
-    if (!m.checking) {
-      port.copy_async(m.shadow, r.va, r.bytes, copy_stream);
-      if (m.digested) m.digested = enqueue_digest(r, m, m.shadow, copy_stream);
-    }
-    port.record(m.done, copy_stream);
+    m.done = done;
   }
   static event_handle pop(std::vector<event_handle>& v) {
     event_handle e = v.back();
@@ -594,7 +607,12 @@ struct residency_engine::impl {
       --r.unchecked;
     } else {
       m->checking = r.digest_known && ensure_digest_slot(r);
-      if (m->checking) m->words = digest_words(r);
+      if (m->checking) {
+        // Poisoned first: a digest that never runs (a launch that failed without a word) must not read as clean.
+        m->words = digest_words(r);
+        m->words[0] = ~r.digest.a;
+        m->words[1] = ~r.digest.b;
+      }
     }
     if (!m->checking) r.digest_known = false;
     try {
@@ -620,7 +638,10 @@ struct residency_engine::impl {
     m->to_device = true;
     if (!take_prefetch_pages(r.npages, m->pages)) return false;
     m->digested = ensure_digest_slot(r);  // Note [Write-back]
-    if (m->digested) m->words = digest_words(r);
+    if (m->digested) {
+      m->words = digest_words(r);
+      m->words[0] = m->words[1] = 0;  // what the region gets if the digest never runs: the next check poisons it
+    }
     m->shadow = take_shadow(r.bytes);
     // Note [Unfenced prefetch]: untouched since its eviction, r has no pending work on any stream.
     if (gate::sequence(r.id) != r.evicted_seq) m->fence_streams = streams;

@@ -1,8 +1,10 @@
 // The GPU side of runtime/digest.hpp: one launch digests a range of device-visible memory and writes the 128-bit
 // result to host-mapped memory. Compiled by nvcc into a fatbin that runtime/cuda_driver.cpp embeds and loads with
 // cuModuleLoadData (layerswap links no CUDA runtime), so this file includes no header of the project's C++
-// side: the mixing functions below must stay those of digest.hpp (the GPU test CudaDriver.DigestMatchesTheHost
-// checks that they do).
+// side: the mixing functions below must stay those of digest.hpp (the GPU test
+// CudaDriver.DigestMatchesTheHostAndSeesEveryChange checks that they do). They could be shared through a
+// __host__ __device__ header; that change waits for a GPU run to check it, since a digest that matched for
+// different content would make evictions drop writes.
 //
 // Reduction: each block sums its grid-stride share of 16-byte loads into two 64-bit lanes and writes them to a
 // partials array; the last block to arrive (a counter, after __threadfence) sums the partials and writes the

@@ -32,6 +32,7 @@ struct sim_options {
   bool eager = true;                                   // run operations as soon as they can run
   bool digest = true;                                  // can_digest(): a device with the digest kernel
   bool unmap_one_mapping = false;                      // unmap() refuses a range of several mappings
+  bool digest_drops_results = false;                   // digests run but write nothing (a failed launch)
   int device = 0;
   std::size_t host_limit = 0;                          // host-located bytes that may exist at once; 0: unlimited
 };

@@ -271,6 +271,105 @@ TEST(Residency, OftenDirtyRegionIsCopiedWithoutACheck) {
   h.expect_clean();
 }
 
+// A simulated device whose copy_async throws while `fail_copies` is positive (a driver call failing mid-move).
+class faulty_driver final : public driver {
+ public:
+  explicit faulty_driver(sim_driver& sim) : sim_(sim) {}
+  int fail_copies = 0;
+  [[nodiscard]] int device() const noexcept override { return sim_.device(); }
+  [[nodiscard]] std::size_t granularity() override { return sim_.granularity(); }
+  [[nodiscard]] std::size_t total_memory() override { return sim_.total_memory(); }
+  [[nodiscard]] std::size_t free_memory() override { return sim_.free_memory(); }
+  [[nodiscard]] device_ptr reserve(std::size_t b, std::size_t a) override { return sim_.reserve(b, a); }
+  void unreserve(device_ptr va, std::size_t b) override { sim_.unreserve(va, b); }
+  [[nodiscard]] phys_handle create(std::size_t b, memory_location w) override { return sim_.create(b, w); }
+  void release(phys_handle h) override { sim_.release(h); }
+  void map(device_ptr va, std::size_t b, phys_handle h, std::size_t o) override { sim_.map(va, b, h, o); }
+  void unmap(device_ptr va, std::size_t b) override { sim_.unmap(va, b); }
+  void set_access(device_ptr va, std::size_t b) override { sim_.set_access(va, b); }
+  [[nodiscard]] stream_handle create_stream() override { return sim_.create_stream(); }
+  void destroy_stream(stream_handle s) override { sim_.destroy_stream(s); }
+  void synchronize(stream_handle s) override { sim_.synchronize(s); }
+  [[nodiscard]] event_handle create_event() override { return sim_.create_event(); }
+  void destroy_event(event_handle e) override { sim_.destroy_event(e); }
+  void record(event_handle e, stream_handle s) override { sim_.record(e, s); }
+  [[nodiscard]] bool query(event_handle e) override { return sim_.query(e); }
+  void wait(event_handle e) override { sim_.wait(e); }
+  void stream_wait(stream_handle s, event_handle e) override { sim_.stream_wait(s, e); }
+  void stream_write_value(stream_handle s, device_ptr a, std::uint32_t v) override { sim_.stream_write_value(s, a, v); }
+  void stream_wait_value(stream_handle s, device_ptr a, std::uint32_t v) override { sim_.stream_wait_value(s, a, v); }
+  [[nodiscard]] bool can_digest() override { return sim_.can_digest(); }
+  void digest_async(device_ptr va, std::size_t b, std::uint64_t* out, stream_handle s) override {
+    sim_.digest_async(va, b, out, s);
+  }
+  [[nodiscard]] std::uint64_t* alloc_host_words(std::size_t n) override { return sim_.alloc_host_words(n); }
+  void free_host_words(std::uint64_t* w) override { sim_.free_host_words(w); }
+  void copy_async(device_ptr dst, device_ptr src, std::size_t b, stream_handle s) override {
+    if (fail_copies > 0) {
+      --fail_copies;
+      throw cuda_error(999, "faulty_driver: copy_async failed on purpose");
+    }
+    sim_.copy_async(dst, src, b, s);
+  }
+  void copy_to_host(void* dst, device_ptr src, std::size_t b) override { sim_.copy_to_host(dst, src, b); }
+  void copy_from_host(device_ptr dst, const void* src, std::size_t b) override { sim_.copy_from_host(dst, src, b); }
+
+ private:
+  sim_driver& sim_;
+};
+
+// A prefetch whose copy fails to start is undone: the region stays on the host with its bytes, and is never remapped
+// to device pages the copy did not fill.
+TEST(Residency, PrefetchWhoseCopyFailsToStartIsUndone) {
+  sim_driver sim(harness::make_sim(true, true));
+  faulty_driver port(sim);
+  caching_allocator alloc(port, harness::make_options(64 * MiB, false, true, true));
+  void* a = alloc.allocate(4 * MiB, nullptr);
+  sim.launch(nullptr, {{reinterpret_cast<device_ptr>(a), 4 * MiB, true, 0x5a}});
+  ASSERT_TRUE(alloc.request_evict(a));
+  alloc.residency_tick();
+  ASSERT_EQ(alloc.residency_of(a), region_residency::host);
+  port.fail_copies = 1;
+  EXPECT_THROW((void)alloc.request_prefetch(a), cuda_error);
+  EXPECT_EQ(alloc.residency_of(a), region_residency::host);
+  alloc.residency_tick();
+  EXPECT_EQ(alloc.residency_of(a), region_residency::host) << "a prefetch with no copy went on";
+  ASSERT_TRUE(alloc.request_prefetch(a));
+  alloc.residency_tick();
+  ASSERT_EQ(alloc.residency_of(a), region_residency::device);
+  std::vector<std::byte> out(4 * MiB);
+  sim.host_read(reinterpret_cast<device_ptr>(a), out);
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0x5a}; }));
+  EXPECT_NO_THROW(alloc.verify());
+  alloc.deallocate(a);
+  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+}
+
+// Note [Write-back]: a digest that never writes its result (a launch that failed) must read as dirty: the words
+// still hold what the prefetch's digest left there, which equals the known digest.
+TEST(Residency, CheckWhoseDigestNeverRanCopies) {
+  sim_options so = harness::make_sim(true, true);
+  so.digest_drops_results = true;
+  sim_driver sim(so);
+  caching_allocator alloc(sim, harness::make_options(64 * MiB, false, true, true));
+  void* a = alloc.allocate(4 * MiB, nullptr);
+  for (const std::uint8_t v : {0x11, 0x22, 0x33}) {
+    sim.launch(nullptr, {{reinterpret_cast<device_ptr>(a), 4 * MiB, true, v}});
+    ASSERT_TRUE(alloc.request_evict(a));
+    alloc.residency_tick();
+    ASSERT_EQ(alloc.residency_of(a), region_residency::host);
+    std::vector<std::byte> out(4 * MiB);
+    sim.host_read(reinterpret_cast<device_ptr>(a), out);
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [&](std::byte b) { return b == std::byte{v}; }))
+        << "the write of " << int(v) << " was lost";
+    ASSERT_TRUE(alloc.request_prefetch(a));
+    alloc.residency_tick();
+  }
+  EXPECT_EQ(alloc.residency().writeback_skipped, 0);
+  alloc.deallocate(a);
+  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+}
+
 // Note [Batched unmaps]: a region's pages go in one unmap call; on a driver that refuses that, one by one.
 TEST(Residency, PagesAreUnmappedInOneCallOrOneByOne) {
   for (const bool one_per_call : {false, true}) {

@@ -2,7 +2,10 @@
 """Do CUDA VMM calls wait for the GPU? Times cuMemMap / cuMemSetAccess / cuMemUnmap of a range no kernel uses,
 once with the GPU idle and once while a long kernel (torch.cuda._sleep) runs on another stream. If a call takes
 about as long as the running kernel, it waits for the device, and every remap the residency engine makes stalls the
-program's stream. Device and host-located pages are both tried. Prints a table and writes JSON to --out."""
+program's stream. Device and host-located pages are both tried. Then: map/access/unmap cost by mapping count (n pages
+of 2 MiB against one n * 2 MiB allocation: is an unmap paid per mapping or per byte?), a GEMM loop and a tiny-launch
+loop beside a thread that remaps (do remaps slow the GPU, or the launching thread?). Prints tables and writes JSON
+to --out. Not yet run on the H100 in this form (the mapping-count part is new)."""
 import argparse
 import ctypes
 import json
@@ -36,7 +39,7 @@ class Access(ctypes.Structure):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mib", type=int, default=24)
+    ap.add_argument("--mib", type=int, default=128, help="range size (default 128: room for 64 pages)")
     ap.add_argument("--sleep-ms", type=float, default=50.0)
     ap.add_argument("--out", default="vmm_sync_probe.json")
     a = ap.parse_args()
@@ -93,6 +96,57 @@ def main():
             print(f"{kind:6s} busy={busy!s:5s} map {med['map']:.3f} ms  set_access {med['set_access']:.3f} ms  "
                   f"unmap {med['unmap']:.3f} ms  (kernel {a.sleep_ms} ms)")
         cu.cuMemRelease(h)
+    # Cost by mapping count (residency.cpp, Note [Batched unmaps]): n pages of 2 MiB mapped one by one (as the
+    # engine maps a region's pooled pages) against one physical allocation of n * 2 MiB mapped once. Is an
+    # unmap paid per mapping or per byte?
+    by_count = []
+    for n in (1, 4, 16, 64):
+        if n * gran > size:
+            break
+        pages = []
+        for _ in range(n):
+            p = Prop(); p.type = CU_MEM_ALLOCATION_TYPE_PINNED; p.location = Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev)
+            h = ctypes.c_ulonglong()
+            ck(cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(gran), ctypes.byref(p), ctypes.c_ulonglong(0)), "create")
+            pages.append(h)
+        p = Prop(); p.type = CU_MEM_ALLOCATION_TYPE_PINNED; p.location = Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev)
+        big = ctypes.c_ulonglong()
+        ck(cu.cuMemCreate(ctypes.byref(big), ctypes.c_size_t(n * gran), ctypes.byref(p), ctypes.c_ulonglong(0)), "create")
+        rows = {"pages_map": [], "pages_access": [], "pages_unmap_each": [], "pages_unmap_one_call": [],
+                "one_map": [], "one_access": [], "one_unmap": []}
+        for rep in range(6):
+            t = time.perf_counter()
+            for i, h in enumerate(pages):
+                ck(cu.cuMemMap(ctypes.c_ulonglong(va.value + i * gran), ctypes.c_size_t(gran), ctypes.c_size_t(0), h,
+                               ctypes.c_ulonglong(0)), "map page")
+            t1 = time.perf_counter()
+            ck(cu.cuMemSetAccess(va, ctypes.c_size_t(n * gran), ctypes.byref(acc), ctypes.c_size_t(1)), "access")
+            t2 = time.perf_counter()
+            if rep % 2 == 0:
+                for i in range(n):
+                    ck(cu.cuMemUnmap(ctypes.c_ulonglong(va.value + i * gran), ctypes.c_size_t(gran)), "unmap page")
+                rows["pages_unmap_each"].append((time.perf_counter() - t2) * 1e3)
+            else:
+                ck(cu.cuMemUnmap(va, ctypes.c_size_t(n * gran)), "unmap run")
+                rows["pages_unmap_one_call"].append((time.perf_counter() - t2) * 1e3)
+            rows["pages_map"].append((t1 - t) * 1e3); rows["pages_access"].append((t2 - t1) * 1e3)
+            t = time.perf_counter()
+            ck(cu.cuMemMap(va, ctypes.c_size_t(n * gran), ctypes.c_size_t(0), big, ctypes.c_ulonglong(0)), "map one")
+            t1 = time.perf_counter()
+            ck(cu.cuMemSetAccess(va, ctypes.c_size_t(n * gran), ctypes.byref(acc), ctypes.c_size_t(1)), "access one")
+            t2 = time.perf_counter()
+            ck(cu.cuMemUnmap(va, ctypes.c_size_t(n * gran)), "unmap one")
+            t3 = time.perf_counter()
+            rows["one_map"].append((t1 - t) * 1e3); rows["one_access"].append((t2 - t1) * 1e3)
+            rows["one_unmap"].append((t3 - t2) * 1e3)
+        for h in pages:
+            cu.cuMemRelease(h)
+        cu.cuMemRelease(big)
+        med = {k: sorted(v)[len(v) // 2] for k, v in rows.items() if v}
+        by_count.append({"pages": n, "mib": n * 2, "median_ms": med})
+        print(f"{n:3d} x 2 MiB: map {med['pages_map']:.3f} access {med['pages_access']:.3f} unmap each "
+              f"{med['pages_unmap_each']:.3f} / one call {med['pages_unmap_one_call']:.3f} ms | one {n * 2} MiB "
+              f"allocation: map {med['one_map']:.3f} access {med['one_access']:.3f} unmap {med['one_unmap']:.3f} ms")
     # GPU-side cost: a GEMM loop timed alone, beside a thread that remaps (map + set_access + unmap, the engine's
     # calls) device or host pages of an unused range, and beside H2D + D2H copies on side streams.
     import threading
@@ -176,7 +230,7 @@ def main():
     launch = beside(launches, (("alone", None, None), ("remap device pages", churn, (hd, True)),
                                ("remap host pages", churn, (hh, False)), ("alone again", None, None)), "us")
     json.dump({"device": torch.cuda.get_device_name(), "mib": a.mib, "sleep_ms": a.sleep_ms, "results": results,
-               "gpu_side": gpu, "launch_side": launch}, open(a.out, "w"), indent=1)
+               "by_mapping_count": by_count, "gpu_side": gpu, "launch_side": launch}, open(a.out, "w"), indent=1)
 
 
 if __name__ == "__main__":

@@ -141,6 +141,15 @@ struct harness {
     sim.host_read(reinterpret_cast<device_ptr>(p), buf);
     return std::all_of(buf.begin(), buf.end(), [&](std::byte b) { return b == std::byte{v}; });
   }
+  // ... framed by the gate as a launch is: with the migration thread running, it may be remapping the region now.
+  // (The read counts as a use of the region, like any launch.)
+  bool holds_gated(void* p, std::size_t bytes, std::uint8_t v) {
+    const region_id id = id_of(p);
+    gate::enter(id);
+    const bool held = holds(p, bytes, v);
+    gate::exit(id, ++launch_no);
+    return held;
+  }
   static region_id id_of(void* p) { return region_map::lookup(reinterpret_cast<device_ptr>(p)); }
   void expect_clean() {
     EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
@@ -896,12 +905,8 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
     h.sim.run_all();
     for (const live_alloc& l : live) {
       if (l.value < 0) continue;
-      // Framed by the gate as a launch is: the migration thread may be remapping the region right now.
-      const region_id id = harness::id_of(l.p);
-      gate::enter(id);
-      const bool held = h.holds(l.p, l.bytes, static_cast<std::uint8_t>(l.value));
-      gate::exit(id, ++h.launch_no);
-      ASSERT_TRUE(held) << "lost write: " << l.bytes << " bytes at " << l.p << " should hold " << l.value;
+      ASSERT_TRUE(h.holds_gated(l.p, l.bytes, static_cast<std::uint8_t>(l.value)))
+          << "lost write: " << l.bytes << " bytes at " << l.p << " should hold " << l.value;
     }
   };
 
@@ -1049,7 +1054,7 @@ TEST_P(MemoryFreedAfterSwapping, IsUsableAgain) {
   for (int i = 0; i < 8; ++i) {
     h.read(h.s1, held[i], 12 * MiB);
     h.sim.run_all();
-    EXPECT_TRUE(h.holds(held[i], 12 * MiB, static_cast<std::uint8_t>(10 + i))) << i;
+    EXPECT_TRUE(h.holds_gated(held[i], 12 * MiB, static_cast<std::uint8_t>(10 + i))) << i;
   }
   for (void* p : held) EXPECT_TRUE(h.alloc.deallocate(p));
   h.alloc.residency_tick();
@@ -1058,7 +1063,7 @@ TEST_P(MemoryFreedAfterSwapping, IsUsableAgain) {
   if (again) {
     h.write(h.s1, again, 12 * MiB, 0x77);
     h.sim.run_all();
-    EXPECT_TRUE(h.holds(again, 12 * MiB, 0x77));
+    EXPECT_TRUE(h.holds_gated(again, 12 * MiB, 0x77));
     h.alloc.deallocate(again);
   }
   h.sim.run_all();

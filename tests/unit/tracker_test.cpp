@@ -17,9 +17,11 @@
 
 #include "allocator/caching_allocator.hpp"
 #include "allocator/region_map.hpp"
+#include "allocator/residency_gate.hpp"
 #include "profiler/arg_decoder.hpp"
 #include "profiler/event_ring.hpp"
 #include "profiler/launch_dedupe.hpp"
+#include "profiler/launch_recorder.hpp"
 #include "profiler/layout_cache.hpp"
 #include "profiler/trace_writer.hpp"
 #include "profiler/tracker_core.hpp"
@@ -554,6 +556,43 @@ TEST(TrackerCore, ConsumerThreadWithConcurrentProducers) {
 }
 
 // ---- the trace file ----
+
+// The residency engine's own work on its streams (copies, and the digest kernels of residency.cpp's Note
+// [Write-back]) is no use of the regions it moves: the recorder leaves it out of the gate and the access stream,
+// or every move would abandon itself.
+TEST(LaunchRecorder, LaunchesOnTheEngineStreamsAreLeftOut) {
+  constexpr std::uint64_t base = std::uint64_t{0x7e} << 40;
+  const published_arena arena(base, std::size_t{64} << 20, 21);
+  const region_id id = region_map::next_region_id();
+  arena.publish(0, 2, id);
+  residency_gate::prepare(id);  // as the allocator does for its regions
+  tracker_core core;
+  fake_functions fake;
+  thread_scratch& t = this_thread_scratch();
+  std::uint64_t pointer = base + 4096;
+  void* args[] = {&pointer};
+  constexpr std::uint64_t engine_stream = 0xe1e1e0;
+  residency_gate::add_internal_stream(engine_stream);
+  const std::uint64_t before = residency_gate::sequence(id);
+  for (const std::uint64_t stream : {engine_stream, std::uint64_t{0x5000}}) {
+    t.gate.open();
+    record_kernel(core, t, fake_functions::query, 1, "kernel_with_one_pointer", stream, args, nullptr);
+    t.gate.close();
+    t.gate.open();
+    record_copy(core, t, launch_kind::memcpy, stream, base + 8192, 0);
+    t.gate.close();
+    const tracker_stats s = core.stats();
+    if (stream == engine_stream) {
+      EXPECT_EQ(s.launches, 0u) << "the engine's kernel or copy was recorded";
+      EXPECT_EQ(residency_gate::sequence(id), before) << "the engine's kernel or copy counted as a use";
+    } else {
+      EXPECT_EQ(s.launches, 2u);
+      EXPECT_EQ(s.with_regions, 2u);
+      EXPECT_EQ(residency_gate::sequence(id), before + 2);
+    }
+  }
+  residency_gate::remove_internal_stream(engine_stream);
+}
 
 TEST(TraceWriter, WritesBoundedChromeJson) {
   std::FILE* f = std::tmpfile();

@@ -49,6 +49,13 @@ class fixed_forecast final : public forecast_source {
   forecast f_;
 };
 
+// Whether every byte of [p, p + bytes) reads `v` through its VA (host_read is checked like a kernel access).
+bool sim_holds(sim_driver& sim, void* p, std::size_t bytes, std::uint8_t v) {
+  std::vector<std::byte> buf(bytes);
+  sim.host_read(reinterpret_cast<device_ptr>(p), buf);
+  return std::all_of(buf.begin(), buf.end(), [&](std::byte b) { return b == std::byte{v}; });
+}
+
 struct harness {
   explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true,
                    bool skip_clean = true, bool sim_digests = true)
@@ -118,9 +125,7 @@ struct harness {
   // ... evicted (on the host).
   void* evicted(std::size_t bytes, std::uint8_t v) {
     void* a = written(bytes, v);
-    EXPECT_TRUE(alloc.request_evict(a));
-    alloc.residency_tick();
-    EXPECT_EQ(alloc.residency_of(a), region_residency::host);
+    go_out(a);
     return a;
   }
   // ... then with its prefetch started (not yet remapped).
@@ -135,11 +140,17 @@ struct harness {
   }
   void read(stream_handle s, void* p, std::size_t bytes) { launch(s, {{reinterpret_cast<device_ptr>(p), bytes, false, 0}}); }
 
-  // Whether every byte of [p, p + bytes) reads `v` through its VA (host_read is checked like a kernel access).
-  bool holds(void* p, std::size_t bytes, std::uint8_t v) {
-    std::vector<std::byte> buf(bytes);
-    sim.host_read(reinterpret_cast<device_ptr>(p), buf);
-    return std::all_of(buf.begin(), buf.end(), [&](std::byte b) { return b == std::byte{v}; });
+  bool holds(void* p, std::size_t bytes, std::uint8_t v) { return sim_holds(sim, p, bytes, v); }
+  // An eviction (or a prefetch) of `a` requested and finished by one tick (eager device).
+  void go_out(void* a) {
+    EXPECT_TRUE(alloc.request_evict(a));
+    alloc.residency_tick();
+    EXPECT_EQ(alloc.residency_of(a), region_residency::host);
+  }
+  void come_back(void* a) {
+    EXPECT_TRUE(alloc.request_prefetch(a));
+    alloc.residency_tick();
+    EXPECT_EQ(alloc.residency_of(a), region_residency::device);
   }
   // ... framed by the gate as a launch is: with the migration thread running, it may be remapping the region now.
   // (The read counts as a use of the region, like any launch.)
@@ -195,14 +206,10 @@ TEST(Residency, CleanEvictionSkipsTheCopy) {
   harness h(64 * MiB);
   void* a = h.evicted(6 * MiB, 0x5a);  // the first eviction copies: no digest of the host copy yet
   EXPECT_EQ(h.alloc.residency().writeback_checked, 0);
-  ASSERT_TRUE(h.alloc.request_prefetch(a));
-  h.alloc.residency_tick();
-  ASSERT_EQ(h.alloc.residency_of(a), region_residency::device);
+  h.come_back(a);
   h.read(h.s2, a, 6 * MiB);  // reads do not make it dirty
   const std::size_t digests = h.sim.num_digests();
-  ASSERT_TRUE(h.alloc.request_evict(a));
-  h.alloc.residency_tick();
-  EXPECT_EQ(h.alloc.residency_of(a), region_residency::host);
+  h.go_out(a);
   EXPECT_EQ(h.sim.num_digests(), digests + 1);
   EXPECT_TRUE(h.holds(a, 6 * MiB, 0x5a));
   residency_stats st = h.alloc.residency();
@@ -210,9 +217,7 @@ TEST(Residency, CleanEvictionSkipsTheCopy) {
   EXPECT_EQ(st.writeback_checked, 1);
   EXPECT_EQ(st.writeback_skipped, 1);
   EXPECT_EQ(st.bytes_d2h, static_cast<std::int64_t>(6 * MiB)) << "the clean eviction copied";
-  ASSERT_TRUE(h.alloc.request_prefetch(a));
-  h.alloc.residency_tick();
-  EXPECT_EQ(h.alloc.residency_of(a), region_residency::device);
+  h.come_back(a);
   EXPECT_TRUE(h.holds(a, 6 * MiB, 0x5a));
   h.alloc.deallocate(a);
   h.expect_clean();
@@ -221,12 +226,9 @@ TEST(Residency, CleanEvictionSkipsTheCopy) {
 TEST(Residency, DirtyEvictionCopiesTheNewContent) {
   harness h(64 * MiB);
   void* a = h.evicted(6 * MiB, 0x5a);
-  ASSERT_TRUE(h.alloc.request_prefetch(a));
-  h.alloc.residency_tick();
+  h.come_back(a);
   h.write(h.s1, a, 2 * MiB, 0x33);  // one granule of three changes
-  ASSERT_TRUE(h.alloc.request_evict(a));
-  h.alloc.residency_tick();  // the check finds it dirty, the copy follows (at once on the eager device)
-  EXPECT_EQ(h.alloc.residency_of(a), region_residency::host);
+  h.go_out(a);  // the check finds it dirty, the copy follows (at once on the eager device)
   EXPECT_TRUE(h.holds(a, 2 * MiB, 0x33));
   EXPECT_TRUE(h.holds(static_cast<char*>(a) + 2 * MiB, 4 * MiB, 0x5a));
   const residency_stats st = h.alloc.residency();
@@ -242,17 +244,14 @@ TEST(Residency, DirtyEvictionCopiesTheNewContent) {
 TEST(Residency, WriteAfterACleanCheckAbandonsTheEviction) {
   harness h(64 * MiB);
   void* a = h.evicted(4 * MiB, 0x5a);
-  ASSERT_TRUE(h.alloc.request_prefetch(a));
-  h.alloc.residency_tick();
+  h.come_back(a);
   ASSERT_TRUE(h.alloc.request_evict(a));  // eager: the check has run, on the unchanged region
   h.write(h.s2, a, 4 * MiB, 0x44);
   h.alloc.residency_tick();
   EXPECT_EQ(h.alloc.residency_of(a), region_residency::device);
   EXPECT_EQ(h.alloc.residency().abandoned, 1);
   EXPECT_EQ(h.alloc.residency().writeback_skipped, 0);
-  ASSERT_TRUE(h.alloc.request_evict(a));
-  h.alloc.residency_tick();
-  EXPECT_EQ(h.alloc.residency_of(a), region_residency::host);
+  h.go_out(a);
   EXPECT_TRUE(h.holds(a, 4 * MiB, 0x44)) << "the write after the check was lost";
   EXPECT_EQ(h.alloc.residency().writeback_skipped, 0);
   h.alloc.deallocate(a);
@@ -264,12 +263,9 @@ TEST(Residency, OftenDirtyRegionIsCopiedWithoutACheck) {
   harness h(64 * MiB);
   void* a = h.evicted(2 * MiB, 1);
   for (std::uint8_t round = 2; round < 6; ++round) {
-    ASSERT_TRUE(h.alloc.request_prefetch(a));
-    h.alloc.residency_tick();
+    h.come_back(a);
     h.write(h.s1, a, 2 * MiB, round);
-    ASSERT_TRUE(h.alloc.request_evict(a));
-    h.alloc.residency_tick();
-    ASSERT_EQ(h.alloc.residency_of(a), region_residency::host);
+    h.go_out(a);
     EXPECT_TRUE(h.holds(a, 2 * MiB, round));
   }
   const residency_stats st = h.alloc.residency();
@@ -346,9 +342,7 @@ TEST(Residency, PrefetchWhoseCopyFailsToStartIsUndone) {
   ASSERT_TRUE(alloc.request_prefetch(a));
   alloc.residency_tick();
   ASSERT_EQ(alloc.residency_of(a), region_residency::device);
-  std::vector<std::byte> out(4 * MiB);
-  sim.host_read(reinterpret_cast<device_ptr>(a), out);
-  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0x5a}; }));
+  EXPECT_TRUE(sim_holds(sim, a, 4 * MiB, 0x5a));
   EXPECT_NO_THROW(alloc.verify());
   alloc.deallocate(a);
   EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
@@ -367,10 +361,7 @@ TEST(Residency, CheckWhoseDigestNeverRanCopies) {
     ASSERT_TRUE(alloc.request_evict(a));
     alloc.residency_tick();
     ASSERT_EQ(alloc.residency_of(a), region_residency::host);
-    std::vector<std::byte> out(4 * MiB);
-    sim.host_read(reinterpret_cast<device_ptr>(a), out);
-    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [&](std::byte b) { return b == std::byte{v}; }))
-        << "the write of " << int(v) << " was lost";
+    EXPECT_TRUE(sim_holds(sim, a, 4 * MiB, v)) << "the write of " << int(v) << " was lost";
     ASSERT_TRUE(alloc.request_prefetch(a));
     alloc.residency_tick();
   }
@@ -397,9 +388,7 @@ TEST(Residency, PagesAreUnmappedInOneCallOrOneByOne) {
     ASSERT_TRUE(alloc.request_prefetch(a));
     alloc.residency_tick();
     ASSERT_EQ(alloc.residency_of(a), region_residency::device);
-    std::vector<std::byte> out(8 * MiB);
-    sim.host_read(reinterpret_cast<device_ptr>(a), out);
-    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0x42}; }));
+    EXPECT_TRUE(sim_holds(sim, a, 8 * MiB, 0x42));
     alloc.deallocate(a);
     EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
   }
@@ -411,10 +400,8 @@ TEST(Residency, WithoutDigestsEveryEvictionCopies) {
     SCOPED_TRACE(skip_clean ? "a device without digests" : "LAYERSWAP_WRITEBACK=always");
     harness h(64 * MiB, true, false, true, skip_clean, /*sim_digests=*/!skip_clean);
     void* a = h.evicted(4 * MiB, 0x5a);
-    ASSERT_TRUE(h.alloc.request_prefetch(a));
-    h.alloc.residency_tick();
-    ASSERT_TRUE(h.alloc.request_evict(a));
-    h.alloc.residency_tick();
+    h.come_back(a);
+    h.go_out(a);
     EXPECT_TRUE(h.holds(a, 4 * MiB, 0x5a));
     EXPECT_EQ(h.alloc.residency().writeback_checked, 0);
     EXPECT_EQ(h.alloc.residency().bytes_d2h, static_cast<std::int64_t>(8 * MiB));

@@ -220,7 +220,6 @@ struct swap_region {
 };
 
 struct residency_engine::impl {
-  using swap_region_ptr = swap_region*;
   impl(driver& p, std::mutex& m, page_source& s, residency_options o)
       : port(p), mutex(m), source(s), options(std::move(o)), gran(p.granularity()) {}
 
@@ -1300,7 +1299,7 @@ bool residency_engine::evict_sync_locked() {
     m.finish(*r);
   }
   if (m.st.evictions != before) return true;
-  impl::swap_region_ptr oldest = nullptr;
+  swap_region* oldest = nullptr;
   for (auto& [id, r] : m.regions) {
     if (r->mv && !r->mv->to_device && (!oldest || r->mv->started < oldest->mv->started)) oldest = r.get();
   }

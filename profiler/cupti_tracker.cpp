@@ -45,7 +45,6 @@
 #include <dlfcn.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -447,40 +446,11 @@ void enqueue_holds(const thread_scratch& t) noexcept {
   }
 }
 
-// The time a kernel launch call takes (tracker_stats::launch_api_ns), from its entry callback (after the nesting
-// check, before the decoding) to its exit callback: the decoding, any wait in the residency gate, and the driver.
-std::int64_t now_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-bool is_kernel_launch(CUpti_CallbackDomain domain, CUpti_CallbackId cbid) noexcept {
-  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
-    switch (cbid) {
-      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000:
-      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000:
-      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000:
-      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000:
-      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060:
-      case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060:
-        return true;
-      default:
-        return false;
-    }
-  }
-  switch (cbid) {
-    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
-    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
-    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
-    case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz:
-    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
-    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
-      return true;
-    default:
-      return false;
-  }
-}
+// A kernel launch call has returned: the time since record_kernel stamped it (tracker_stats::launch_api_ns), which
+// covers the decoding, any wait in the residency gate, and the driver.
 void end_api_timing(tracker_core& core, thread_scratch& t) noexcept {
   if (t.api_start == 0) return;
-  core.add_launch_api_time(static_cast<std::uint64_t>(now_ns() - t.api_start));
+  core.add_launch_api_time(now_ns() - t.api_start);
   t.api_start = 0;
 }
 
@@ -508,7 +478,6 @@ void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId c
       return;
     }
     t.nesting.runtime_enter();
-    if (is_kernel_launch(domain, cbid)) t.api_start = now_ns();
     t.gate.open();
     on_runtime(*core, t, cbid, info);
     if (t.gate.hold_count() != 0) enqueue_holds(t);
@@ -522,7 +491,6 @@ void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId c
       end_api_timing(*core, t);
       return;
     }
-    if (is_kernel_launch(domain, cbid)) t.api_start = now_ns();
     t.gate.open();
     on_driver(*core, t, cbid, info);
     if (t.gate.hold_count() != 0) enqueue_holds(t);

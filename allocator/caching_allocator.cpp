@@ -225,8 +225,7 @@ struct caching_allocator::impl final : detail::page_source {
       const auto start = std::chrono::steady_clock::now();
       lock.lock();
       ++st.num_lock_waits;
-      st.lock_wait_us += std::chrono::duration_cast<std::chrono::microseconds>(
-                             std::chrono::steady_clock::now() - start).count();
+      st.lock_wait_us += elapsed_us(start);
     }
     return lock;
   }
@@ -471,7 +470,7 @@ std::vector<phys_handle> caching_allocator::impl::gather_pages_locked(std::size_
     if (engine) {
       const auto start = std::chrono::steady_clock::now();
       const bool evicted = engine->evict_sync_locked();
-      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
+      const std::int64_t us = elapsed_us(start);
       st.stall_us += us;
       st.host_wait_us += us;
       if (evicted) continue;
@@ -523,7 +522,7 @@ void caching_allocator::impl::fence_locked(segment* seg) {
   if (engine) engine->release_holds_locked();  // the wait may reach a launch held on a prefetch
   const auto start = std::chrono::steady_clock::now();
   port.wait(e);
-  st.host_wait_us += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
+  st.host_wait_us += elapsed_us(start);
   spare_events.push_back(e);
   ++st.num_host_waits;
   pool->fenced_epoch = std::max(pool->fenced_epoch, now);
@@ -685,8 +684,7 @@ void caching_allocator::impl::process_pending_locked(bool wait) {
       if (wait) {
         const auto start = std::chrono::steady_clock::now();
         port.wait(e);
-        st.host_wait_us +=
-            std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
+        st.host_wait_us += elapsed_us(start);
         ++st.num_host_waits;
       } else if (!port.query(e)) {
         done = false;

@@ -150,6 +150,7 @@
 #include "runtime/digest.hpp"
 #include "runtime/error.hpp"
 #include "runtime/log.hpp"
+#include "runtime/stats.hpp"
 
 namespace layerswap::detail {
 
@@ -664,12 +665,11 @@ struct residency_engine::impl {
 
   // Maps the move's pages at its staging VA and starts the copy: driver calls on the move's own pages and VA only.
   void start_prefetch_copy(swap_region& r) {
-    const auto start = std::chrono::steady_clock::now();
+    const scoped_ns_timer timed(remap_ns);
     move& m = *r.mv;
     for (; m.mapped < m.pages.size(); ++m.mapped) port.map(m.shadow + m.mapped * gran, gran, m.pages[m.mapped], 0);
     port.set_access(m.shadow, r.bytes);
     start_copy(r, m, h2d);
-    remap_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   }
 
   // After start_prefetch_copy (mutex held): a move whose copy did not start is undone.
@@ -751,14 +751,7 @@ struct residency_engine::impl {
   // it without the mutex while r.busy keeps everyone else off the region. Releases the gate (and launches waiting
   // for the prefetch) whether or not a call throws.
   void remap_busy(swap_region& r) {
-    const auto start = std::chrono::steady_clock::now();
-    struct timed {
-      impl& e;
-      std::chrono::steady_clock::time_point start;
-      ~timed() {
-        e.remap_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
-      }
-    } clock{*this, start};
+    const scoped_ns_timer timed(remap_ns);
     move& m = *r.mv;
     if (!gate::try_begin_remap(r.id, m.snapshot, m.to_device)) {
       m.refused = true;
@@ -1224,8 +1217,7 @@ void residency_engine::tick() {
     m.source.maintain();
     if (m.active()) m.policy(f);  // after the finished evictions gave their pages back
     ++m.st.policy_rounds;
-    m.st.policy_us +=
-        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - now).count();
+    m.st.policy_us += elapsed_us(now);
   }
   m.outside_lock(lock, std::exchange(m.starting, {}), &impl::start_prefetch_copy, &impl::end_start, failure);
   if (failure) std::rethrow_exception(failure);

@@ -20,6 +20,8 @@
 #include <mutex>
 #include <thread>
 
+#include "runtime/stats.hpp"
+
 namespace layerswap::residency_gate {
 namespace {
 
@@ -89,9 +91,7 @@ void wait_incoming(entry& e, bool until_hold = false) noexcept {
   g_waiting.fetch_sub(1);
   g_waits.fetch_add(1, std::memory_order_relaxed);
   if (timed_out) g_wait_timeouts.fetch_add(1, std::memory_order_relaxed);
-  g_wait_ns.fetch_add(static_cast<std::uint64_t>(
-                          std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - start).count()),
-                      std::memory_order_relaxed);
+  g_wait_ns.fetch_add(static_cast<std::uint64_t>(elapsed_ns(start)), std::memory_order_relaxed);
 }
 
 entry* find(region_id id) noexcept {

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 
 namespace layerswap {
@@ -24,6 +26,27 @@ struct stat {
   }
   void reset_peak() noexcept { peak = current; }
   void reset_accumulated() noexcept { allocated = freed = 0; }
+};
+
+// Time since `start` on the steady clock, for the time counters of the statistics.
+inline std::int64_t elapsed_us(std::chrono::steady_clock::time_point start) noexcept {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
+}
+inline std::int64_t elapsed_ns(std::chrono::steady_clock::time_point start) noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Adds the time from its construction to its destruction to `total` (ns), however the scope is left.
+class scoped_ns_timer {
+ public:
+  explicit scoped_ns_timer(std::atomic<std::int64_t>& total) noexcept : total_(total) {}
+  ~scoped_ns_timer() { total_ += elapsed_ns(start_); }
+  scoped_ns_timer(const scoped_ns_timer&) = delete;
+  scoped_ns_timer& operator=(const scoped_ns_timer&) = delete;
+
+ private:
+  std::atomic<std::int64_t>& total_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace layerswap

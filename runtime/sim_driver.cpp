@@ -446,10 +446,15 @@ struct sim_driver::impl {
   }
 
   // The 32-bit word at `va` (a stream memory operation's): its value, or nothing when it cannot be read.
-  [[nodiscard]] std::optional<std::uint32_t> word(device_ptr va) const {
+  // Where that word lives: nullptr unless all 4 bytes are mapped with access.
+  std::byte* word_at(device_ptr va) {
     fault why = fault::none;
-    const std::byte* p = const_cast<impl*>(this)->resolve(va, true, why);
-    if (p == nullptr || piece(va, 4) < 4) return std::nullopt;
+    std::byte* p = resolve(va, true, why);
+    return p != nullptr && piece(va, 4) >= 4 ? p : nullptr;
+  }
+  [[nodiscard]] std::optional<std::uint32_t> word(device_ptr va) const {
+    const std::byte* p = const_cast<impl*>(this)->word_at(va);
+    if (p == nullptr) return std::nullopt;
     std::uint32_t v = 0;
     std::memcpy(&v, p, 4);
     return v;
@@ -477,9 +482,8 @@ struct sim_driver::impl {
         pending_records.erase(o.id);
         break;
       case op_kind::value_write: {
-        fault why = fault::none;
-        std::byte* p = resolve(o.ranges[0].va, true, why);
-        if (p == nullptr || piece(o.ranges[0].va, 4) < 4) {
+        std::byte* p = word_at(o.ranges[0].va);
+        if (p == nullptr) {
           violation(op_text(o, stream) + " faulted: the word is not mapped with access");
         } else {
           const auto v = static_cast<std::uint32_t>(o.id);

@@ -892,16 +892,20 @@ struct residency_engine::impl {
     for (auto& [id, r] : regions) settle(*r);  // no region is busy: settle() never releases the mutex
   }
 
+  // Whether `r`'s move has completed its copy (query only, no host wait), its check resolved first: a dirty region's
+  // copy is enqueued then (Note [Write-back]), done already only on an eager simulated device.
+  bool copy_done(swap_region& r) {
+    if (!r.mv || !r.mv->done || !port.query(r.mv->done)) return false;
+    return resolve_check(r) || (r.mv && port.query(r.mv->done));
+  }
+
   // Moves whose copy has completed (query only, no host wait): abandoned ones are done here; the others are
   // returned busy, for remaps outside the mutex (Note [Remaps outside the lock]).
   std::vector<swap_region*> poll_moves() {
     std::vector<swap_region*> ready;
     if (moves == 0) return ready;
     for (auto& [id, r] : regions) {
-      if (!r->mv || r->busy || !r->mv->done || !port.query(r->mv->done)) continue;
-      // Dirty: its copy is enqueued now (Note [Write-back]); done already only on an eager simulated device.
-      if (!resolve_check(*r) && (!r->mv || !port.query(r->mv->done))) continue;
-      if (begin_finish(*r)) ready.push_back(r.get());
+      if (!r->busy && copy_done(*r) && begin_finish(*r)) ready.push_back(r.get());
     }
     return ready;
   }
@@ -1286,9 +1290,7 @@ bool residency_engine::evict_sync_locked() {
   const std::int64_t before = m.st.evictions;
   m.wait_none_busy();
   for (auto& [id, r] : m.regions) {
-    if (!r->mv || !r->mv->done || !m.port.query(r->mv->done)) continue;
-    if (!m.resolve_check(*r) && (!r->mv || !m.port.query(r->mv->done))) continue;
-    m.finish(*r);
+    if (m.copy_done(*r)) m.finish(*r);
   }
   if (m.st.evictions != before) return true;
   swap_region* oldest = nullptr;

@@ -262,7 +262,12 @@ struct residency_engine::impl {
   // Note [Write-back]: result words for the regions' digests, k_digest_chunk regions per allocation.
   std::atomic<int> digest_support{0};  // 0: not asked yet; 1: the port digests; -1: no skip
   std::atomic<int> batch_unmap{0};     // Note [Batched unmaps]: 0 not tried yet, 1 works, -1 refused
-  std::atomic<std::int64_t> remap_ns{0};  // time in the driver calls of remaps and prefetch starts (any thread)
+  // Time in the driver calls of remaps and prefetch starts (any thread), and its parts: prefetch starts (staging
+  // map, access, copy), remaps to the device, remaps to the host.
+  std::atomic<std::int64_t> remap_ns{0};
+  std::atomic<std::int64_t> stage_ns{0};
+  std::atomic<std::int64_t> remap_in_ns{0};
+  std::atomic<std::int64_t> remap_out_ns{0};
   std::vector<std::uint64_t*> digest_chunks;
   std::vector<std::size_t> free_digest_slots;
 
@@ -666,6 +671,7 @@ struct residency_engine::impl {
   // Maps the move's pages at its staging VA and starts the copy: driver calls on the move's own pages and VA only.
   void start_prefetch_copy(swap_region& r) {
     const scoped_ns_timer timed(remap_ns);
+    const scoped_ns_timer part(stage_ns);
     move& m = *r.mv;
     for (; m.mapped < m.pages.size(); ++m.mapped) port.map(m.shadow + m.mapped * gran, gran, m.pages[m.mapped], 0);
     port.set_access(m.shadow, r.bytes);
@@ -753,6 +759,7 @@ struct residency_engine::impl {
   void remap_busy(swap_region& r) {
     const scoped_ns_timer timed(remap_ns);
     move& m = *r.mv;
+    const scoped_ns_timer part(m.to_device ? remap_in_ns : remap_out_ns);
     if (!gate::try_begin_remap(r.id, m.snapshot, m.to_device)) {
       m.refused = true;
       return;
@@ -1369,6 +1376,9 @@ residency_stats residency_engine::stats_locked() const {
   s.launch_wait_timeouts = waits.timeouts;
   s.launch_holds = waits.holds;
   s.remap_us = m.remap_ns.load(std::memory_order_relaxed) / 1000;
+  s.stage_us = m.stage_ns.load(std::memory_order_relaxed) / 1000;
+  s.remap_in_us = m.remap_in_ns.load(std::memory_order_relaxed) / 1000;
+  s.remap_out_us = m.remap_out_ns.load(std::memory_order_relaxed) / 1000;
   for (const auto& [id, r] : m.regions) {
     if (!r->live) continue;
     ++s.regions_swappable;

@@ -78,6 +78,9 @@ struct residency_stats {
   std::int64_t policy_rounds = 0;      // policy rounds run (Note [Policy rounds])
   std::int64_t policy_us = 0;          // ... and the time they held the allocator mutex
   std::int64_t remap_us = 0;           // time in the driver calls of remaps and prefetch starts (map, unmap, access)
+  std::int64_t stage_us = 0;           // ... of which prefetch starts (staging VA mapped, copy enqueued)
+  std::int64_t remap_in_us = 0;        // ... of which remaps to the device
+  std::int64_t remap_out_us = 0;       // ... of which remaps to the host
   bool active = false;                 // whether the engine moves regions (a fed gate or without_tracker)
 };
 

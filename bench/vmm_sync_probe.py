@@ -112,8 +112,12 @@ def main():
         p = Prop(); p.type = CU_MEM_ALLOCATION_TYPE_PINNED; p.location = Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev)
         big = ctypes.c_ulonglong()
         ck(cu.cuMemCreate(ctypes.byref(big), ctypes.c_size_t(n * gran), ctypes.byref(p), ctypes.c_ulonglong(0)), "create")
+        p = Prop(); p.type = CU_MEM_ALLOCATION_TYPE_PINNED; p.location = Loc(CU_MEM_LOCATION_TYPE_HOST, 0)
+        hbig = ctypes.c_ulonglong()
+        ck(cu.cuMemCreate(ctypes.byref(hbig), ctypes.c_size_t(n * gran), ctypes.byref(p), ctypes.c_ulonglong(0)),
+           "create host")
         rows = {"pages_map": [], "pages_access": [], "pages_unmap_each": [], "pages_unmap_one_call": [],
-                "one_map": [], "one_access": [], "one_unmap": []}
+                "one_map": [], "one_access": [], "one_unmap": [], "host_map": [], "host_access": [], "host_unmap": []}
         for rep in range(6):
             t = time.perf_counter()
             for i, h in enumerate(pages):
@@ -139,14 +143,26 @@ def main():
             t3 = time.perf_counter()
             rows["one_map"].append((t1 - t) * 1e3); rows["one_access"].append((t2 - t1) * 1e3)
             rows["one_unmap"].append((t3 - t2) * 1e3)
+            # the same for one host-located allocation of n * 2 MiB (an eviction's remap maps the region's backing)
+            t = time.perf_counter()
+            ck(cu.cuMemMap(va, ctypes.c_size_t(n * gran), ctypes.c_size_t(0), hbig, ctypes.c_ulonglong(0)), "map host")
+            t1 = time.perf_counter()
+            ck(cu.cuMemSetAccess(va, ctypes.c_size_t(n * gran), ctypes.byref(acc), ctypes.c_size_t(1)), "access host")
+            t2 = time.perf_counter()
+            ck(cu.cuMemUnmap(va, ctypes.c_size_t(n * gran)), "unmap host")
+            t3 = time.perf_counter()
+            rows["host_map"].append((t1 - t) * 1e3); rows["host_access"].append((t2 - t1) * 1e3)
+            rows["host_unmap"].append((t3 - t2) * 1e3)
         for h in pages:
             cu.cuMemRelease(h)
         cu.cuMemRelease(big)
+        cu.cuMemRelease(hbig)
         med = {k: sorted(v)[len(v) // 2] for k, v in rows.items() if v}
         by_count.append({"pages": n, "mib": n * 2, "median_ms": med})
         print(f"{n:3d} x 2 MiB: map {med['pages_map']:.3f} access {med['pages_access']:.3f} unmap each "
               f"{med['pages_unmap_each']:.3f} / one call {med['pages_unmap_one_call']:.3f} ms | one {n * 2} MiB "
-              f"allocation: map {med['one_map']:.3f} access {med['one_access']:.3f} unmap {med['one_unmap']:.3f} ms")
+              f"allocation: map {med['one_map']:.3f} access {med['one_access']:.3f} unmap {med['one_unmap']:.3f} ms | "
+              f"host: map {med['host_map']:.3f} access {med['host_access']:.3f} unmap {med['host_unmap']:.3f} ms")
     # GPU-side cost: a GEMM loop timed alone, beside a thread that remaps (map + set_access + unmap, the engine's
     # calls) device or host pages of an unused range, and beside H2D + D2H copies on side streams.
     import threading
@@ -195,19 +211,23 @@ def main():
         """`measure()` alone and beside each background thread of `cases`; the median of 3 runs of each."""
         out = {}
         for name, target, args in cases:
-            times, cycles_done = [], 0
+            times, cycles_done, t_all = [], 0, 0.0
             for _ in range(3):
                 stop, counter = threading.Event(), [0]
                 th = threading.Thread(target=target, args=(stop, *args, counter)) if target else None
                 if th:
                     th.start(); time.sleep(0.01)
+                t = time.perf_counter()
                 times.append(measure())
                 stop.set()
                 if th:
                     th.join()
+                t_all += time.perf_counter() - t
                 cycles_done += counter[0]
-            out[name] = {unit: sorted(times)[1], "all": times, "churn_cycles": cycles_done}
-            print(f"{measure.__name__} {name:20s} {sorted(times)[1]:8.3f} {unit}  ({cycles_done} cycles beside it)")
+            rate = cycles_done / t_all if t_all else 0.0
+            out[name] = {unit: sorted(times)[1], "all": times, "churn_cycles": cycles_done, "cycles_per_s": rate}
+            print(f"{measure.__name__} {name:20s} {sorted(times)[1]:8.3f} {unit}  ({cycles_done} cycles beside it, "
+                  f"{rate:.0f}/s)")
         return out
 
     gemms(50)
@@ -226,6 +246,11 @@ def main():
         torch.cuda.synchronize()
         return dt / n * 1e6
 
+    # The remapping thread's own rate with nothing else running (cycles/s), against its rate beside launches.
+    def idle(t=0.3):
+        time.sleep(t)
+        return t * 1e3
+    beside(idle, (("remap device pages", churn, (hd, True)), ("remap host pages", churn, (hh, False))), "ms")
     launches(2000)
     launch = beside(launches, (("alone", None, None), ("remap device pages", churn, (hd, True)),
                                ("remap host pages", churn, (hh, False)), ("alone again", None, None)), "us")

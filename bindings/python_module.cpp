@@ -89,6 +89,9 @@ py::dict residency_dict(const residency_stats& r) {
   d["policy_rounds"] = r.policy_rounds;
   d["policy_s"] = static_cast<double>(r.policy_us) * 1e-6;
   d["remap_s"] = static_cast<double>(r.remap_us) * 1e-6;
+  d["stage_s"] = static_cast<double>(r.stage_us) * 1e-6;
+  d["remap_in_s"] = static_cast<double>(r.remap_in_us) * 1e-6;
+  d["remap_out_s"] = static_cast<double>(r.remap_out_us) * 1e-6;
   if (r.launches_counted) {
     d["hit_rate"] = 1.0 - static_cast<double>(r.launches_missed) / static_cast<double>(r.launches_counted);
   } else {

@@ -210,6 +210,8 @@ struct caching_allocator::impl final : detail::page_source {
   // ---- detail::page_source (the engine's view; mutex held) ----
   bool take_pages(std::size_t n, std::vector<phys_handle>& out) override;
   void give_pages(std::vector<phys_handle>& pages) override;
+  bool take_room(std::size_t n) override;
+  void give_room(std::size_t n) override;
   [[nodiscard]] std::size_t budget() const override { return options.budget; }
   [[nodiscard]] std::size_t held_bytes() const override { return static_cast<std::size_t>(st.device_bytes.current); }
   [[nodiscard]] std::size_t pooled_bytes() const override { return idle_pages.size() * gran; }
@@ -411,10 +413,12 @@ void caching_allocator::impl::set_owner_locked(device_ptr va, std::size_t npages
 
 std::size_t caching_allocator::impl::obtainable_pages_locked() const noexcept {
   std::size_t pages = idle_pages.size();
-  for (const segment* s = idle.head; s; s = s->idle_hook.next) pages += s->pages.size();
+  for (const segment* s = idle.head; s; s = s->idle_hook.next) pages += s->npages();  // pages or a chunk
   // Pages of resident swappable regions, and pages taken by prefetches in flight: settling a prefetch of a freed
-  // region returns them, and a completed one makes its region evictable.
-  if (engine) pages += engine->evictable_pages_locked() + engine->inflight_pages_locked();
+  // region returns them, and a completed one makes its region evictable. The engine's spare chunks.
+  if (engine) {
+    pages += engine->evictable_pages_locked() + engine->inflight_pages_locked() + engine->spare_pages_locked();
+  }
   const auto held = static_cast<std::size_t>(st.device_bytes.current);
   if (options.budget > held) pages += (options.budget - held) >> gran_shift;
   return pages;
@@ -456,6 +460,8 @@ std::vector<phys_handle> caching_allocator::impl::gather_pages_locked(std::size_
         throw;
       }
     }
+    // The engine's spare chunks are free memory (residency.cpp, Note [Chunks]): to the budget before anything.
+    if (engine && engine->release_spare_locked() != 0) continue;
     if (!retried) {
       retried = true;
       ++st.num_alloc_retries;
@@ -716,6 +722,7 @@ void caching_allocator::impl::throw_oom_locked(std::size_t request) {
   ++st.num_ooms;
   try {
     release_idle_pages_locked();  // as after PyTorch's OOM, the process keeps no pooled memory it cannot use
+    if (engine) engine->release_spare_locked();
   } catch (...) {
   }
   std::vector<std::size_t> live;
@@ -797,9 +804,33 @@ void caching_allocator::impl::give_pages(std::vector<phys_handle>& pages) {
   pages.clear();
 }
 
+bool caching_allocator::impl::take_room(std::size_t n) {
+  if (options.budget == 0) return false;
+  const std::size_t bytes = n << gran_shift;
+  auto held = [&] { return static_cast<std::size_t>(st.device_bytes.current); };
+  if (held() + bytes > options.budget + idle_pages.size() * gran) return false;
+  while (held() + bytes > options.budget) {  // pooled pages make way (released: a chunk is one allocation)
+    port.release(idle_pages.back());
+    idle_pages.pop_back();
+    st.device_bytes.decrease(static_cast<std::int64_t>(gran));
+    count(false, &pool_stats::reserved_bytes, -static_cast<std::int64_t>(gran));
+    ++st.num_device_free;
+  }
+  st.device_bytes.increase(static_cast<std::int64_t>(bytes));
+  count(false, &pool_stats::reserved_bytes, static_cast<std::int64_t>(bytes));
+  ++st.num_device_alloc;
+  return true;
+}
+
+void caching_allocator::impl::give_room(std::size_t n) {
+  st.device_bytes.decrease(static_cast<std::int64_t>(n << gran_shift));
+  count(false, &pool_stats::reserved_bytes, -static_cast<std::int64_t>(n << gran_shift));
+  ++st.num_device_free;
+}
+
 std::size_t caching_allocator::impl::idle_bytes() const {
   std::size_t pages = 0;
-  for (const segment* s = idle.head; s; s = s->idle_hook.next) pages += s->pages.size();
+  for (const segment* s = idle.head; s; s = s->idle_hook.next) pages += s->npages();  // pages or a chunk
   return pages << gran_shift;
 }
 
@@ -817,7 +848,12 @@ void caching_allocator::impl::poll_fences_locked() {
 std::size_t caching_allocator::impl::reclaim_idle(std::size_t n) {
   poll_fences_locked();
   segment* seg = idle.head;
-  while (seg && idle_pages.size() < n) {
+  auto room = [&] {  // pages a request could have without reclaiming
+    const auto held = static_cast<std::size_t>(st.device_bytes.current);
+    return idle_pages.size() + (engine ? engine->spare_pages_locked() : 0) +
+           (options.budget > held ? (options.budget - held) >> gran_shift : 0);
+  };
+  while (seg && room() < n) {
     segment* next = seg->idle_hook.next;
     if (reclaimable_now_locked(seg)) destroy_segment_locked(seg);  // its pages join idle_pages
     seg = next;
@@ -939,6 +975,7 @@ void caching_allocator::empty_cache() {
   while (m.reclaim_one_locked()) {
   }
   m.release_idle_pages_locked();
+  if (m.engine) m.engine->release_spare_locked();
 }
 
 allocator_stats caching_allocator::stats() const {
@@ -998,7 +1035,7 @@ std::size_t caching_allocator::largest_free_block() const {
   for (const segment* s = m.idle.head; s; s = s->idle_hook.next) {
     if (!s->slab) largest = std::max(largest, s->bytes);
   }
-  const std::size_t pooled = m.idle_pages.size() * m.gran;
+  const std::size_t pooled = m.idle_pages.size() * m.gran + (m.engine ? m.engine->spare_pages_locked() * m.gran : 0);
   std::size_t headroom = 0;
   if (m.options.budget) {
     const auto held = static_cast<std::size_t>(m.st.device_bytes.current);
@@ -1075,7 +1112,9 @@ void caching_allocator::verify() const {
     if (s->bytes != s->npages() * m.gran || s->bytes == 0) fail("segment size does not match its granules");
     if (!s->swap && s->pages.size() != s->npages()) fail("a segment the engine does not know lacks device pages");
     if (s->swap && !s->pages.empty() && s->pages.size() != s->npages()) fail("a swappable segment is partly backed");
-    if (s->swap && s->pages.empty() && s->pool_hook.linked) fail("a host-backed segment is cached for reuse");
+    if (s->swap && m.engine->host_backed_locked(s->swap) && s->pool_hook.linked) {
+      fail("a host-backed segment is cached for reuse");
+    }
     for (std::size_t i = 0; i < s->npages(); ++i) {
       if (m.owner_locked(s->va + i * m.gran) != s) fail("owner table does not point at its segment");
     }
@@ -1120,7 +1159,8 @@ void caching_allocator::verify() const {
     if (ranges[i].first < ranges[i - 1].second) fail("two segments overlap");
   }
   const std::int64_t inflight =
-      m.engine ? static_cast<std::int64_t>((m.engine->inflight_pages_locked() + m.engine->own_pages_locked()) * m.gran)
+      m.engine ? static_cast<std::int64_t>((m.engine->inflight_pages_locked() + m.engine->own_pages_locked() +
+                                            m.engine->chunk_pages_locked()) * m.gran)
                : 0;
   const std::int64_t held =
       mapped_small + mapped_large + static_cast<std::int64_t>(m.idle_pages.size() * m.gran) + inflight;

@@ -3,9 +3,10 @@
 // Algorithm
 // ---------
 // Every large segment of the caching allocator is a region the engine knows (swap_region); while it is live
-// (allocated) it is swappable. A region is backed by device pages (the allocator's pooled 2 MiB pages, one
-// map() each) or by one host-located VMM allocation of its size (created at its first eviction, kept for the
-// region's life, pooled by size when the region goes). Its state:
+// (allocated) it is swappable. A region is backed by device memory (until its first eviction the allocator's
+// pooled 2 MiB pages, one map() each; after its first prefetch one chunk of the engine's, Note [Chunks]) or by one
+// host-located VMM allocation of its size (created at its first eviction, kept for the region's life, pooled by
+// size when the region goes). Its state:
 //
 //   device --start_evict--> moving_out --finish: remap ok--> host --start_prefetch--> moving_in --ok--> device
 //                              |  (abandoned: a launch touched it)                        |  (abandoned)
@@ -22,7 +23,7 @@
 // Note [Shadow copies]
 //   A move copies the region into its destination through a VA of the destination's own: an eviction into the
 //   view of the region's host backing (mapped once, when the backing is created, and kept with it in the pool),
-//   a prefetch into device pages mapped at a staging VA (a reservation of the region's size, pooled). The copy
+//   a prefetch into its chunk's home VA (mapped once, when the chunk is created: Note [Chunks]). The copy
 //   runs region VA -> destination on the engine's copy stream (one for D2H, one for H2D). Before the copy, the engine
 //   snapshots the region's gate sequence s, then records an event on every stream launches may use (set_streams
 //   / note_stream, the legacy stream always) and makes the copy stream wait for them: every launch enqueued
@@ -46,6 +47,19 @@
 //   busy nobody else touches it: every engine entry point that acts on a region waits (wait_not_busy, releasing
 //   the mutex) until it is not, moving_locked() says it moves, and regions cannot be removed. Settling and
 //   synchronous evictions, already waiting on the host, do all three steps with the mutex held.
+//
+// Note [Chunks]
+//   A prefetch brings a region into one physical allocation of its size (a chunk), not into the allocator's 2 MiB
+//   pages: VMM calls cost per mapping, not per byte. On the H100 (bench/vmm_sync_probe.py) a 32 MiB range mapped
+//   from 16 pages took 0.094 ms to map, 0.571 ms to set access and 0.367 ms to unmap; mapped from one allocation,
+//   0.008, 0.044 and 0.026 ms. A thread remapping per-page ranges also slowed a thread launching kernels from 8 to
+//   19 us per launch (the driver's lock); remapping one host allocation of the same size did not. A chunk is mapped for good at a home
+//   VA of its own (its staging VA: a prefetch copies into it there), and at the region's VA while it backs the
+//   region. An eviction unmaps it from the region's VA (one call) and keeps it as a spare, pooled by size, for the
+//   next prefetch of a region of that size. The engine holds chunks within the budget: take_room() counts a new one
+//   as held (pooled pages released first), give_room() a released one. Spare chunks are released when a prefetch
+//   needs room for another size, and when an allocation needs pages (release_spare_locked: nothing pending touches
+//   a spare chunk). A region keeps the allocator's pages until its first eviction, which returns them to the pool.
 //
 // Note [Write-back]
 //   A region's host backing is kept for its life, so after a prefetch the host copy still holds what came in. With
@@ -173,17 +187,24 @@ struct host_backing {
   explicit operator bool() const noexcept { return handle != 0; }
 };
 
+// A region's device memory after its first prefetch (Note [Chunks]): one physical allocation of its size, mapped
+// for good at a home VA of its own.
+struct device_chunk {
+  phys_handle handle = 0;
+  device_ptr home = 0;
+  explicit operator bool() const noexcept { return handle != 0; }
+};
+
 struct move {
   bool to_device = false;
-  device_ptr shadow = 0;             // prefetch: the device pages' staging VA; eviction: the host view
+  device_ptr shadow = 0;             // prefetch: the chunk's home VA; eviction: the host view
   std::uint64_t snapshot = 0;
   std::vector<event_handle> fences;  // recorded on the known streams before the copy
   event_handle done = nullptr;       // recorded on the copy stream after the copy
-  std::vector<phys_handle> pages;    // prefetch: the device pages mapped at the shadow
+  device_chunk chunk;                // prefetch: the destination (none yet: room taken, created at the start)
   bool cancelled = false;            // the region was freed (Note [Freeing a moved region])
   std::vector<stream_handle> fence_streams;  // streams to fence before the copy (none: Note [Unfenced prefetch])
   std::vector<event_handle> spare_fences;    // events reserved for start_copy
-  std::size_t mapped = 0;                    // prefetch: pages mapped at the staging VA so far
   bool refused = false;              // the gate refused the remap: a launch touched the region (abandoned)
   bool remapped = false;             // remap_busy() completed
   bool sync = false;                 // a synchronous eviction (stall)
@@ -201,7 +222,8 @@ struct swap_region {
   device_ptr va = 0;
   std::size_t bytes = 0;
   std::size_t npages = 0;
-  std::vector<phys_handle>* pages = nullptr;  // the segment's device pages (empty while host-backed)
+  std::vector<phys_handle>* pages = nullptr;  // the segment's device pages (empty while host- or chunk-backed)
+  device_chunk chunk;                         // its device memory while chunk-backed (Note [Chunks])
   host_backing host;                          // empty until the first eviction
   bool busy = false;  // the migration thread is remapping it without the mutex (Note [Remaps outside the lock])
   region_residency state = region_residency::device;
@@ -236,8 +258,8 @@ struct residency_engine::impl {
   stream_handle d2h = nullptr;
   stream_handle h2d = nullptr;
   std::vector<event_handle> spare_events;
-  std::multimap<std::size_t, device_ptr> spare_shadows;  // bytes -> reservation
-  std::vector<std::pair<device_ptr, std::size_t>> shadows;  // all reservations, for the destructor
+  std::multimap<std::size_t, device_chunk> spare_chunks;  // bytes -> chunk backing no region (Note [Chunks])
+  std::size_t spare_bytes = 0;
   std::multimap<std::size_t, host_backing> spare_host;    // bytes -> pooled host backing (view still mapped)
   std::size_t host_bytes = 0;                              // host-located bytes in existence
   std::size_t max_transient = 0;  // the reserve for memory that cannot move (Note [Policy])
@@ -268,6 +290,7 @@ struct residency_engine::impl {
   std::atomic<std::int64_t> stage_ns{0};
   std::atomic<std::int64_t> remap_in_ns{0};
   std::atomic<std::int64_t> remap_out_ns{0};
+  std::atomic<std::int64_t> chunks_created{0};  // made by start_prefetch_copy, outside the mutex for the policy
   std::vector<std::uint64_t*> digest_chunks;
   std::vector<std::size_t> free_digest_slots;
 
@@ -304,11 +327,78 @@ struct residency_engine::impl {
     return item;
   }
 
-  device_ptr take_shadow(std::size_t bytes) {
-    if (const std::optional<device_ptr> va = take_pooled(spare_shadows, bytes)) return *va;
-    const device_ptr va = port.reserve(bytes, gran);
-    shadows.emplace_back(va, bytes);
-    return va;
+  // ---- chunks (Note [Chunks]) ----
+  // The destination of a prefetch of `r`: a spare chunk of its size, else room in the budget for a new one, which
+  // start_prefetch_copy creates (outside the mutex for the policy). Room comes from the budget's headroom and
+  // pooled pages, then spare chunks of other sizes (released), then the allocator's idle cache (reclaimed without
+  // a host wait). False when there is none now.
+  bool take_chunk(swap_region& r, move& m) {
+    for (bool reclaimed = false;;) {
+      if (const std::optional<device_chunk> c = take_pooled(spare_chunks, r.bytes)) {
+        spare_bytes -= r.bytes;
+        m.chunk = *c;
+        return true;
+      }
+      if (source.take_room(r.npages)) return true;
+      if (!spare_chunks.empty()) {
+        release_spare(std::prev(spare_chunks.end()));  // the largest: fewest releases
+        continue;
+      }
+      if (reclaimed) return false;
+      reclaimed = true;
+      source.reclaim_idle(r.npages);  // a chunk-backed idle segment leaves a spare chunk of its own size
+    }
+  }
+  device_chunk make_chunk(std::size_t bytes) {
+    device_chunk c;
+    c.handle = port.create(bytes, memory_location::device);
+    try {
+      c.home = port.reserve(bytes, gran);
+      try {
+        port.map(c.home, bytes, c.handle, 0);
+        try {
+          port.set_access(c.home, bytes);
+        } catch (...) {
+          port.unmap(c.home, bytes);
+          throw;
+        }
+      } catch (...) {
+        port.unreserve(c.home, bytes);
+        throw;
+      }
+    } catch (...) {
+      port.release(c.handle);
+      throw;
+    }
+    ++chunks_created;
+    return c;
+  }
+  // The chunk's device memory, gone (mutex held: the budget's books).
+  void release_chunk(std::size_t bytes, const device_chunk& c) {
+    port.unmap(c.home, bytes);
+    port.unreserve(c.home, bytes);
+    port.release(c.handle);
+    source.give_room(bytes / gran);
+    ++st.chunks_released;
+  }
+  void release_spare(std::multimap<std::size_t, device_chunk>::iterator it) {
+    const auto [bytes, c] = *it;
+    spare_chunks.erase(it);
+    spare_bytes -= bytes;
+    release_chunk(bytes, c);
+  }
+  void add_spare(std::size_t bytes, const device_chunk& c) {
+    spare_chunks.emplace(bytes, c);
+    spare_bytes += bytes;
+  }
+  // A prefetch's destination that it no longer needs: a spare chunk, or room never used.
+  void drop_destination(const swap_region& r, move& m) {
+    if (m.chunk) {
+      add_spare(r.bytes, m.chunk);
+    } else {
+      source.give_room(r.npages);
+    }
+    m.chunk = {};
   }
 
   // Host backing of `bytes`: a pooled one of that size, else a new one within LAYERSWAP_HOST_LIMIT (pooled ones
@@ -456,9 +546,25 @@ struct residency_engine::impl {
     }
     for (std::size_t i = 0; i < n; ++i) port.unmap(va + i * gran, gran);
   }
-  void map_pages(device_ptr va, const std::vector<phys_handle>& pages) {
-    for (std::size_t i = 0; i < pages.size(); ++i) port.map(va + i * gran, gran, pages[i], 0);
-    port.set_access(va, pages.size() * gran);
+  // Maps all of `handle` at `va` with access. On failure `va` is left unmapped, or mapped to `fallback` when there
+  // is one (a remap to the device puts the host copy back: DESIGN.md invariant 3), and the error goes on.
+  void map_whole(device_ptr va, std::size_t bytes, phys_handle handle, phys_handle fallback) {
+    bool mapped = false;
+    try {
+      port.map(va, bytes, handle, 0);
+      mapped = true;
+      port.set_access(va, bytes);
+    } catch (...) {
+      try {
+        if (mapped) port.unmap(va, bytes);
+        if (fallback) {
+          port.map(va, bytes, fallback, 0);
+          port.set_access(va, bytes);
+        }
+      } catch (...) {
+      }
+      throw;
+    }
   }
 
   // ---- digests (Note [Write-back]) ----
@@ -630,9 +736,9 @@ struct residency_engine::impl {
     return true;
   }
 
-  // Starts a prefetch: takes device pages and a staging VA. With `defer` (the policy, in tick()), the region is
-  // left busy with its move not yet started, for tick() to map the staging VA and start the copy without the mutex
-  // (Note [Remaps outside the lock]); otherwise it does that now.
+  // Starts a prefetch: takes a chunk, or room for one (Note [Chunks]). With `defer` (the policy, in tick()), the
+  // region is left busy with its move not yet started, for tick() to create the chunk and start the copy without
+  // the mutex (Note [Remaps outside the lock]); otherwise it does that now.
   bool start_prefetch(swap_region& r, bool defer) {
     if (r.state != region_residency::host || r.mv || !r.live) return false;
     if (r.flag_slot == k_no_slot && gate::holding() && ensure_flags() && !free_slots.empty()) {
@@ -641,13 +747,12 @@ struct residency_engine::impl {
     }
     auto m = std::make_unique<move>();
     m->to_device = true;
-    if (!take_prefetch_pages(r.npages, m->pages)) return false;
+    if (!take_chunk(r, *m)) return false;
     m->digested = ensure_digest_slot(r);  // Note [Write-back]
     if (m->digested) {
       m->words = digest_words(r);
       m->words[0] = m->words[1] = 0;  // what the region gets if the digest never runs: the next check poisons it
     }
-    m->shadow = take_shadow(r.bytes);
     // Note [Unfenced prefetch]: untouched since its eviction, r has no pending work on any stream.
     if (gate::sequence(r.id) != r.evicted_seq) m->fence_streams = streams;
     reserve_events(*m);
@@ -668,13 +773,14 @@ struct residency_engine::impl {
     return true;
   }
 
-  // Maps the move's pages at its staging VA and starts the copy: driver calls on the move's own pages and VA only.
+  // Creates the move's chunk if it has only room for one, and starts the copy into it: driver calls on the move's
+  // own memory only.
   void start_prefetch_copy(swap_region& r) {
     const scoped_ns_timer timed(remap_ns);
     const scoped_ns_timer part(stage_ns);
     move& m = *r.mv;
-    for (; m.mapped < m.pages.size(); ++m.mapped) port.map(m.shadow + m.mapped * gran, gran, m.pages[m.mapped], 0);
-    port.set_access(m.shadow, r.bytes);
+    if (!m.chunk) m.chunk = make_chunk(r.bytes);
+    m.shadow = m.chunk.home;
     start_copy(r, m, h2d);
   }
 
@@ -689,9 +795,7 @@ struct residency_engine::impl {
       publish_hold(r, m);
       return;
     }
-    for (std::size_t i = 0; i < m.mapped; ++i) port.unmap(m.shadow + i * gran, gran);
-    source.give_pages(m.pages);
-    spare_shadows.emplace(r.bytes, m.shadow);
+    drop_destination(r, m);
     spare_events.insert(spare_events.end(), m.fences.begin(), m.fences.end());
     r.state = region_residency::host;
     end_move(r);
@@ -706,9 +810,9 @@ struct residency_engine::impl {
     if (state == region_residency::moving_in) gate::set_incoming(r.id, true);  // Note [Waiting for a prefetch]
   }
 
-  // A move that failed to start: its staging VA and events go back to the pools.
+  // A move that failed to start: its destination and events go back to the pools.
   void recycle(const swap_region& r, move& m) {
-    if (m.to_device) spare_shadows.emplace(r.bytes, m.shadow);
+    if (m.to_device) drop_destination(r, m);
     spare_events.insert(spare_events.end(), m.fences.begin(), m.fences.end());
     spare_events.insert(spare_events.end(), m.spare_fences.begin(), m.spare_fences.end());
     if (m.done) spare_events.push_back(m.done);
@@ -743,9 +847,7 @@ struct residency_engine::impl {
     move& m = *r.mv;
     ++(cancelled ? st.cancelled : st.abandoned);
     if (m.to_device) {
-      unmap_pages(m.shadow, m.pages.size());
-      source.give_pages(m.pages);
-      spare_shadows.emplace(r.bytes, m.shadow);
+      drop_destination(r, m);
       r.state = region_residency::host;
     } else {
       r.state = region_residency::device;
@@ -778,13 +880,26 @@ struct residency_engine::impl {
     if (options.remap_hook) options.remap_hook(r.id);
     if (m.to_device) {
       port.unmap(r.va, r.bytes);  // the host mapping: one map() call
-      map_pages(r.va, m.pages);
-      unmap_pages(m.shadow, r.npages);
+      map_whole(r.va, r.bytes, m.chunk.handle, r.host.handle);
       gate::set_on_host(r.id, false);
     } else {
-      unmap_pages(r.va, r.npages);
-      port.map(r.va, r.bytes, r.host.handle, 0);
-      port.set_access(r.va, r.bytes);
+      if (r.chunk) {
+        port.unmap(r.va, r.bytes);
+      } else {
+        unmap_pages(r.va, r.npages);
+      }
+      try {
+        map_whole(r.va, r.bytes, r.host.handle, r.chunk.handle);
+      } catch (...) {
+        if (!r.chunk) {  // the allocator's pages back where they were (best effort: the error goes on)
+          try {
+            for (std::size_t i = 0; i < r.npages; ++i) port.map(r.va + i * gran, gran, (*r.pages)[i], 0);
+            port.set_access(r.va, r.bytes);
+          } catch (...) {
+          }
+        }
+        throw;
+      }
       gate::set_on_host(r.id, true);
       m.snapshot = gate::sequence(r.id);  // still remapping: no launch can have moved it since
     }
@@ -799,21 +914,26 @@ struct residency_engine::impl {
       abandon(r, false);
       return;
     }
-    if (!m.remapped) {  // a driver call failed: the region's mapping is unknown, keep its books as they were
+    if (!m.remapped) {  // a driver call failed: map_whole put the region's own memory back where it could
+      if (m.to_device) drop_destination(r, m);
+      r.state = m.to_device ? region_residency::host : region_residency::device;
       end_move(r);
       return;
     }
     if (m.to_device) {
-      *r.pages = std::move(m.pages);
-      spare_shadows.emplace(r.bytes, m.shadow);
+      r.chunk = std::exchange(m.chunk, {});
       r.state = region_residency::device;
       st.bytes_h2d += static_cast<std::int64_t>(r.bytes);
       ++st.prefetches;
       r.digest_known = m.digested;  // Note [Write-back]: the digest of what came in, which the host copy holds
       if (m.digested) r.digest = {m.words[0], m.words[1]};
     } else {
-      source.give_pages(*r.pages);
-      r.pages->clear();
+      if (r.chunk) {
+        add_spare(r.bytes, std::exchange(r.chunk, {}));
+      } else {
+        source.give_pages(*r.pages);
+        r.pages->clear();
+      }
       r.state = region_residency::host;
       r.evicted_seq = m.snapshot;
       if (m.clean) {
@@ -939,32 +1059,26 @@ struct residency_engine::impl {
     return best;
   }
 
-  // Pages a prefetch can take now without reclaiming: pooled ones and the budget's headroom.
+  // Pages a prefetch can take now without reclaiming: pooled ones, spare chunks and the budget's headroom.
   [[nodiscard]] std::size_t free_pages() const {
     const std::size_t budget = source.budget();
     const std::size_t held = source.held_bytes();
-    return (source.pooled_bytes() + (budget > held ? budget - held : 0)) / gran;
+    return (source.pooled_bytes() + spare_bytes + (budget > held ? budget - held : 0)) / gran;
   }
 
-  // Device bytes that no move can free: held, less pooled pages, the allocator's idle cache and the device
-  // pages of forecast regions (resident, moving out, or taken by a prefetch in flight). Live activations,
-  // partly used slabs and regions absent from the forecast (Note [Policy]).
+  // Device bytes that no move can free: held, less pooled pages and spare chunks, the allocator's idle cache and
+  // the device memory of forecast regions (resident, moving out, or taken by a prefetch in flight). Live
+  // activations, partly used slabs and regions absent from the forecast (Note [Policy]).
   [[nodiscard]] std::size_t transient_bytes() const {
     std::size_t forecast_device = 0;
     for (const auto& [id, r] : regions) {
       if (r->rank == k_far) continue;
       if (r->state == region_residency::device || r->state == region_residency::moving_out) forecast_device += r->bytes;
-      if (r->mv && r->mv->to_device) forecast_device += r->mv->pages.size() * gran;
+      if (r->mv && r->mv->to_device) forecast_device += r->bytes;
     }
-    const std::size_t reclaimable = source.pooled_bytes() + source.idle_bytes() + forecast_device;
+    const std::size_t reclaimable = source.pooled_bytes() + spare_bytes + source.idle_bytes() + forecast_device;
     const std::size_t held = source.held_bytes();
     return held > reclaimable ? held - reclaimable : 0;
-  }
-
-  // Takes `n` pages for a prefetch: free ones, else the allocator's idle cache (no host wait).
-  bool take_prefetch_pages(std::size_t n, std::vector<phys_handle>& out) {
-    if (free_pages() < n) source.reclaim_idle(n);
-    return source.take_pages(n, out);
   }
 
   void apply_forecast(const forecast* f) {
@@ -1120,7 +1234,11 @@ residency_engine::~residency_engine() {
   stop();
   impl& m = *impl_;
   try {
-    for (auto& [va, bytes] : m.shadows) m.port.unreserve(va, bytes);
+    for (auto& [bytes, c] : m.spare_chunks) {  // every region is gone: its chunk is spare
+      m.port.unmap(c.home, bytes);
+      m.port.unreserve(c.home, bytes);
+      m.port.release(c.handle);
+    }
     for (auto& [bytes, h] : m.spare_host) m.release_host(bytes, h);
     for (event_handle e : m.spare_events) m.port.destroy_event(e);
     for (std::uint64_t* words : m.digest_chunks) m.port.free_host_words(words);  // every move settled: none pending
@@ -1275,13 +1393,15 @@ bool residency_engine::remove_locked(swap_region* r) {
   impl& m = *impl_;
   m.settle(*r);
   const bool host_mapped = r->state == region_residency::host;
-  if (host_mapped) m.port.unmap(r->va, r->bytes);
+  const bool unmapped = host_mapped || r->chunk;
+  if (unmapped) m.port.unmap(r->va, r->bytes);  // one mapping: the host backing or the chunk (Note [Chunks])
+  if (r->chunk) m.add_spare(r->bytes, std::exchange(r->chunk, {}));
   gate::set_on_host(r->id, false);
   if (r->flag_slot != k_no_slot) m.free_slots.push_back(r->flag_slot);  // its ticket count goes on
   if (r->digest_slot != k_no_slot) m.free_digest_slots.push_back(r->digest_slot);
   if (r->host) m.spare_host.emplace(r->bytes, r->host);  // its view stays mapped for the next region
   m.regions.erase(r->id);
-  return host_mapped;
+  return unmapped;
 }
 
 void residency_engine::release_holds_locked() { impl_->release_holds(); }
@@ -1354,9 +1474,26 @@ std::size_t residency_engine::own_pages_locked() const noexcept { return impl_->
 std::size_t residency_engine::inflight_pages_locked() const noexcept {
   std::size_t n = 0;
   for (const auto& [id, r] : impl_->regions) {
-    if (r->mv && r->mv->to_device) n += r->mv->pages.size();
+    if (r->mv && r->mv->to_device) n += r->npages;  // its chunk, or the room taken for it
   }
   return n;
+}
+
+std::size_t residency_engine::chunk_pages_locked() const noexcept {
+  std::size_t bytes = impl_->spare_bytes;
+  for (const auto& [id, r] : impl_->regions) {
+    if (r->chunk) bytes += r->bytes;
+  }
+  return bytes / impl_->gran;
+}
+
+std::size_t residency_engine::spare_pages_locked() const noexcept { return impl_->spare_bytes / impl_->gran; }
+
+std::size_t residency_engine::release_spare_locked() {
+  impl& m = *impl_;
+  const std::size_t before = m.spare_bytes;
+  while (!m.spare_chunks.empty()) m.release_spare(m.spare_chunks.begin());
+  return (before - m.spare_bytes) / m.gran;
 }
 
 region_residency residency_engine::state_locked(const swap_region* r) const noexcept { return r->state; }
@@ -1379,6 +1516,8 @@ residency_stats residency_engine::stats_locked() const {
   s.stage_us = m.stage_ns.load(std::memory_order_relaxed) / 1000;
   s.remap_in_us = m.remap_in_ns.load(std::memory_order_relaxed) / 1000;
   s.remap_out_us = m.remap_out_ns.load(std::memory_order_relaxed) / 1000;
+  s.chunks_created = m.chunks_created.load(std::memory_order_relaxed);
+  s.spare_bytes = static_cast<std::int64_t>(m.spare_bytes);
   for (const auto& [id, r] : m.regions) {
     if (!r->live) continue;
     ++s.regions_swappable;
@@ -1390,6 +1529,10 @@ residency_stats residency_engine::stats_locked() const {
 
 std::string residency_engine::verify_locked() const {
   const impl& m = *impl_;
+  // Device memory: the allocator's pages (all of them) or a chunk, never both (Note [Chunks]).
+  auto device_backed = [](const swap_region& r) {
+    return r.chunk ? r.pages->empty() : r.pages->size() == r.npages;
+  };
   std::size_t moves = 0;
   std::size_t backing = 0;
   for (const auto& [id, r] : m.regions) {
@@ -1398,19 +1541,21 @@ std::string residency_engine::verify_locked() const {
     if (r->host) backing += r->bytes;
     switch (r->state) {
       case region_residency::device:
-        if (r->mv || r->pages->size() != r->npages) return name + "resident without its device pages, or moving";
+        if (r->mv || !device_backed(*r)) return name + "resident without its device memory, or moving";
         break;
       case region_residency::host:
-        if (r->mv || !r->pages->empty() || !r->host) return name + "on host but holds device pages or no host pages";
+        if (r->mv || !r->pages->empty() || r->chunk || !r->host) {
+          return name + "on host but holds device memory or no host pages";
+        }
         break;
       case region_residency::moving_out:
-        if (!r->mv || r->mv->to_device || r->pages->size() != r->npages || !r->host) {
-          return name + "moving out without a move, its device pages or host pages";
+        if (!r->mv || r->mv->to_device || !device_backed(*r) || !r->host) {
+          return name + "moving out without a move, its device memory or host pages";
         }
         break;
       case region_residency::moving_in:
-        if (!r->mv || !r->mv->to_device || !r->pages->empty() || r->mv->pages.size() != r->npages || !r->host) {
-          return name + "moving in without a move, its new pages or its host pages";
+        if (!r->mv || !r->mv->to_device || !r->pages->empty() || r->chunk || !r->host) {
+          return name + "moving in without a move or its host pages, or with device memory already";
         }
         break;
       case region_residency::none:
@@ -1420,6 +1565,9 @@ std::string residency_engine::verify_locked() const {
   }
   if (moves != m.moves) return "the count of moves in flight is wrong";
   for (const auto& [bytes, h] : m.spare_host) backing += bytes;
+  std::size_t spare = 0;
+  for (const auto& [bytes, c] : m.spare_chunks) spare += bytes;
+  if (spare != m.spare_bytes) return "spare chunk bytes do not add up";
   if (backing != m.host_bytes) return "host bytes do not add up";
   if (m.options.host_limit && m.host_bytes > m.options.host_limit) return "LAYERSWAP_HOST_LIMIT was exceeded";
   return {};

@@ -81,6 +81,9 @@ struct residency_stats {
   std::int64_t stage_us = 0;           // ... of which prefetch starts (staging VA mapped, copy enqueued)
   std::int64_t remap_in_us = 0;        // ... of which remaps to the device
   std::int64_t remap_out_us = 0;       // ... of which remaps to the host
+  std::int64_t chunks_created = 0;     // device chunks created (Note [Chunks] in residency.cpp)
+  std::int64_t chunks_released = 0;    // ... and released (to make room for other sizes, or to the allocator)
+  std::int64_t spare_bytes = 0;        // device bytes in spare chunks now
   bool active = false;                 // whether the engine moves regions (a fed gate or without_tracker)
 };
 
@@ -96,14 +99,21 @@ class page_source {
   virtual bool take_pages(std::size_t n, std::vector<phys_handle>& out) = 0;
   // Unmapped pages with no pending work, back to the allocator's pool (still counted as held).
   virtual void give_pages(std::vector<phys_handle>& pages) = 0;
+  // Room in the budget for `n` pages' worth of device memory the engine creates itself (a chunk: residency.cpp,
+  // Note [Chunks]), counted as held from now on. Releases pooled pages as needed; never reclaims or evicts. False
+  // (nothing changed) when the budget has no such room.
+  virtual bool take_room(std::size_t n) = 0;
+  // The engine released `n` pages' worth of its own device memory (or never created what take_room made room for).
+  virtual void give_room(std::size_t n) = 0;
   [[nodiscard]] virtual std::size_t budget() const = 0;
   [[nodiscard]] virtual std::size_t held_bytes() const = 0;    // device bytes held (mapped + pooled + in moves)
   [[nodiscard]] virtual std::size_t pooled_bytes() const = 0;  // unmapped pooled pages
   // Device bytes in the allocator's cache: idle segments (freed, still mapped), which reclaim_idle() can free.
   [[nodiscard]] virtual std::size_t idle_bytes() const = 0;
-  // Returns idle segments to the page pool, least recently freed first, until `n` pages are pooled, without a
-  // host wait: only segments whose streams' work is known complete; for the others an event is recorded so that a
-  // later call can take them. Returns the pages pooled afterwards.
+  // Returns idle segments to the page pool (a chunk-backed one's chunk to the engine's spares), least recently
+  // freed first, until `n` pages can be had (pooled pages, spare chunks, the budget's headroom), without a host
+  // wait: only segments whose streams' work is known complete; for the others an event is recorded so that a later
+  // call can take them. Returns the pages pooled afterwards.
   virtual std::size_t reclaim_idle(std::size_t n) = 0;
   // Housekeeping the allocator does from the migration thread (retiring freed host-backed segments).
   virtual void maintain() = 0;
@@ -132,7 +142,8 @@ class residency_engine {
   // ---- with the allocator mutex held ----
   void set_streams_locked(std::span<const stream_handle> streams);
   void note_stream_locked(stream_handle stream);
-  // A large segment was created: `pages` is the segment's device page vector (the engine swaps its contents).
+  // A large segment was created: `pages` is the segment's device page vector (the engine swaps its contents; empty
+  // while the region is backed by host pages or by a chunk of the engine's, Note [Chunks]).
   swap_region* add_locked(region_id id, device_ptr va, std::size_t bytes, std::vector<phys_handle>* pages);
   void set_live_locked(swap_region* r, bool live);
   // Whether the region is backed by host pages now (on host, or moving in).
@@ -140,7 +151,7 @@ class residency_engine {
   [[nodiscard]] bool moving_locked(const swap_region* r) const noexcept;
   // Waits for the region's move (host wait) and completes it.
   void settle_locked(swap_region* r);
-  // The segment is being destroyed (no pending work touches it): settles, unmaps a host mapping of its VA
+  // The segment is being destroyed (no pending work touches it): settles, unmaps a host mapping or a chunk of its VA
   // (returns true then; otherwise the caller unmaps the device pages) and forgets the region.
   bool remove_locked(swap_region* r);
   // Allocation under pressure (Note [Allocation under pressure]): evicts one region synchronously. False when
@@ -153,7 +164,14 @@ class residency_engine {
   void release_holds_locked();
   // Device pages an evict_sync_locked() loop could free.
   [[nodiscard]] std::size_t evictable_pages_locked() const noexcept;
-  [[nodiscard]] std::size_t inflight_pages_locked() const noexcept;  // taken by prefetches in flight
+  // Device memory the engine holds itself, in pages (Note [Chunks]): chunks backing regions or pooled ("spare"),
+  // not those of prefetches in flight (inflight_pages_locked); and the spare ones alone, which
+  // release_spare_locked() gives back to the budget.
+  [[nodiscard]] std::size_t chunk_pages_locked() const noexcept;
+  [[nodiscard]] std::size_t spare_pages_locked() const noexcept;
+  // Releases the spare chunks (no host wait: nothing pending touches them). Returns the pages given back.
+  std::size_t release_spare_locked();
+  [[nodiscard]] std::size_t inflight_pages_locked() const noexcept;  // taken by prefetches in flight (chunks)
   [[nodiscard]] std::size_t own_pages_locked() const noexcept;  // the engine's own (the hold flags: residency.cpp)
   [[nodiscard]] region_residency state_locked(const swap_region* r) const noexcept;
   [[nodiscard]] residency_stats stats_locked() const;

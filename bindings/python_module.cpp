@@ -92,6 +92,9 @@ py::dict residency_dict(const residency_stats& r) {
   d["stage_s"] = static_cast<double>(r.stage_us) * 1e-6;
   d["remap_in_s"] = static_cast<double>(r.remap_in_us) * 1e-6;
   d["remap_out_s"] = static_cast<double>(r.remap_out_us) * 1e-6;
+  d["chunks_created"] = r.chunks_created;
+  d["chunks_released"] = r.chunks_released;
+  d["spare_bytes"] = r.spare_bytes;
   if (r.launches_counted) {
     d["hit_rate"] = 1.0 - static_cast<double>(r.launches_missed) / static_cast<double>(r.launches_counted);
   } else {

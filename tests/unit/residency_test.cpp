@@ -200,6 +200,53 @@ TEST(Residency, EvictAndPrefetchRoundTripPreservesBytes) {
   h.expect_clean();
 }
 
+// Note [Chunks]: a prefetch brings a region back as one allocation of its size, mapped once at a home VA and once
+// at the region's VA; an eviction unmaps it from the region's VA in one call and keeps it as a spare for the next
+// prefetch of that size; an allocation that needs the budget releases spare chunks before anything else.
+TEST(Residency, PrefetchBringsARegionBackAsOneChunk) {
+  harness h(16 * MiB);
+  void* a = h.evicted(6 * MiB, 0x5a);  // its three pages of the allocator go back to the page pool
+  std::size_t creates = h.sim.num_creates(), maps = h.sim.num_maps(), unmaps = h.sim.num_unmaps();
+  h.come_back(a);
+  EXPECT_EQ(h.sim.num_creates() - creates, 1u);  // one chunk, not three pages
+  EXPECT_EQ(h.sim.num_maps() - maps, 2u);        // at its home VA and at the region's VA
+  EXPECT_EQ(h.sim.num_unmaps() - unmaps, 1u);    // the host mapping of the region's VA
+  EXPECT_TRUE(h.holds(a, 6 * MiB, 0x5a));
+  h.write(h.s1, a, 2 * MiB, 0x21);
+  creates = h.sim.num_creates(), maps = h.sim.num_maps(), unmaps = h.sim.num_unmaps();
+  h.go_out(a);
+  EXPECT_EQ(h.sim.num_unmaps() - unmaps, 1u);  // the chunk, in one call
+  EXPECT_EQ(h.sim.num_maps() - maps, 1u);      // the host backing
+  EXPECT_EQ(h.alloc.residency().spare_bytes, static_cast<std::int64_t>(6 * MiB));
+  creates = h.sim.num_creates(), maps = h.sim.num_maps();
+  h.come_back(a);
+  EXPECT_EQ(h.sim.num_creates(), creates);    // the spare chunk again
+  EXPECT_EQ(h.sim.num_maps() - maps, 1u);     // at the region's VA only: its home mapping stayed
+  EXPECT_TRUE(h.holds(a, 2 * MiB, 0x21));
+  EXPECT_TRUE(h.holds(static_cast<char*>(a) + 2 * MiB, 4 * MiB, 0x5a));
+  h.expect_clean();
+  // Held now: the chunk (6 MiB) and the three pooled pages. Evicted, its chunk is spare; a 12 MiB allocation takes
+  // the pooled pages and the headroom, and then needs the spare chunk's share of the budget.
+  h.go_out(a);
+  void* b = h.written(12 * MiB, 0x33);
+  const residency_stats st = h.alloc.residency();
+  EXPECT_EQ(st.chunks_released, 1);
+  EXPECT_EQ(st.spare_bytes, 0);
+  EXPECT_LE(h.sim.live_device_bytes(), 16 * MiB);
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::host);
+  EXPECT_TRUE(h.holds(a, 2 * MiB, 0x21));
+  EXPECT_TRUE(h.holds(b, 12 * MiB, 0x33));
+  h.alloc.deallocate(b);
+  h.alloc.empty_cache();  // b's pages: a prefetch reclaims the cache only where no host wait is needed
+  // A chunk-backed region freed: its chunk becomes a spare (the allocator's cache keeps no chunk-backed segment
+  // once it is reclaimed), and the books add up.
+  h.come_back(a);
+  h.alloc.deallocate(a);
+  h.alloc.empty_cache();
+  EXPECT_EQ(h.alloc.residency().spare_bytes, 0);
+  h.expect_clean();
+}
+
 // Note [Write-back]: a region that comes back and is evicted again unchanged is not copied back; its host copy,
 // kept from the first eviction, is what the VA reads afterwards.
 TEST(Residency, CleanEvictionSkipsTheCopy) {
@@ -1074,6 +1121,8 @@ TEST(ResidencyGate, EngineCopyStreamsAreInternal) {
   struct no_pages final : detail::page_source {
     bool take_pages(std::size_t, std::vector<phys_handle>&) override { return false; }
     void give_pages(std::vector<phys_handle>&) override {}
+    bool take_room(std::size_t) override { return false; }
+    void give_room(std::size_t) override {}
     [[nodiscard]] std::size_t budget() const override { return 0; }
     [[nodiscard]] std::size_t held_bytes() const override { return 0; }
     [[nodiscard]] std::size_t pooled_bytes() const override { return 0; }

@@ -517,7 +517,8 @@ def self_test_parent():
     assert acc["error_under_cap"] and acc["cap_enforced"] is False and acc["within_cap"] is False
     assert bs["cap_enforced"] is True and bs["within_cap"] is True and bs["losses_bitwise_equal"] is True
     assert [side for side, _, _ in calls] == ["h2d", "resident", "layerswap", "block_swap",
-                                              "accelerate_cpu_offload", "accelerate_cpu_offload"]
+                                              "accelerate_cpu_offload", "accelerate_cpu_offload", "resident"]
+    assert res["models"]["llama-lora"]["resident_step_s_runs"] == [0.1, 0.1] and c["resident_step_s_runs"]
     assert "OOM under the cap" in text.getvalue() and "NO@4" in text.getvalue()
     assert compare_losses({"train": train(1)}, {"train": train(1, losses[:2])}) == (False, 3)
     assert compare_losses({"train": train(1)}, {"error": "x"}) == (None, None)
@@ -1140,7 +1141,33 @@ def run_all(args, save=lambda res: None, runner_class=None):
                                 p["layerswap_speedup"] = p["step_s"] / c["step_s"]  # >1: layerswap is faster
                 res["cases"].append(c)
                 save(res)
+            if cuda and args.resident_again:
+                again = runner.run("resident", run_cfg, tag=f"{case} resident again")
+                rerun_resident(res, case, model, median_step(again), again.get("error"))
+                save(res)
     return res
+
+
+def rerun_resident(res, case, model, second_s, error):
+    """--resident-again: the resident run repeated after the model's other sides (the GPU's speed drifts between
+    runs: 0.16-0.19 s for one LoRA step within one call). The model's resident_step_s becomes the mean of both runs,
+    each case's bound_s and step_over_bound follow, and the two runs stay in resident_step_s_runs. The losses are
+    still compared with the first run's."""
+    first_s = model["resident_step_s"]
+    model["resident_step_s_runs"] = [first_s, second_s]
+    if error or second_s is None or first_s is None:
+        model["resident_again_error"] = error or "no step time"
+        return
+    model["resident_step_s"] = (first_s + second_s) / 2
+    for c in res["cases"]:
+        if c["model"] != case:
+            continue
+        c["resident_step_s"] = model["resident_step_s"]
+        c["resident_step_s_runs"] = model["resident_step_s_runs"]
+        if c.get("bound_s") is not None and res["h2d_gbps"]:
+            c["bound_s"] = max(model["resident_step_s"], c["belady_h2d_bytes_per_step"] / (res["h2d_gbps"] * 1e9))
+            if c.get("step_s"):
+                c["step_over_bound"] = c["step_s"] / c["bound_s"]
 
 
 def empty_case(case, fraction, error):
@@ -1241,6 +1268,10 @@ def print_table(res):
         print(f"  {case}: {m.get('params') or 0:,} parameters; parameters {gb(m.get('param_bytes'), 'B')}, movable "
               f"{gb(m.get('movable_bytes'), 'B')}, transient {gb(m.get('transient_bytes'), 'B')}{naive}; resident step "
               f"{sec(m.get('resident_step_s'))} s, peak allocated {gb(m.get('resident_peak_allocated'), 'B')}")
+        runs = m.get("resident_step_s_runs")
+        if runs and None not in runs:
+            print(f"    resident run before and after the other sides: {sec(runs[0])} s, {sec(runs[1])} s "
+                  f"(spread {abs(runs[0] - runs[1]) / min(runs) * 100:.0f}%); the mean is the resident step")
     print()
     head = (f"{'case':<11} {'frac':>5} {'budget':>9} {'step s':>8} {'resident':>8} {'bound s':>8} {'step/bnd':>8} "
             f"{'H2D/step':>9} {'S/step':>8} {'hit':>6} {'bitwise':>7}  error")
@@ -1301,6 +1332,9 @@ def parse_args(argv=None):
                    help="extra environment for the layerswap side (repeatable), e.g. LAYERSWAP_PREFETCH=2")
     p.add_argument("--worker-timeout", type=int, default=None, help="seconds allowed to one worker (default 180; "
                                                                      "120 with --quick)")
+    p.add_argument("--resident-again", action=argparse.BooleanOptionalAction, default=True,
+                   help="on a GPU, run each model's resident side again after its other sides and take the mean of "
+                        "both runs as the resident step (default on; the GPU's speed drifts between runs)")
     p.add_argument("--deadline", type=int, default=None,
                    help="seconds for the whole run: a worker gets at most the time left, and one that would start "
                         "with less than 20 s left is skipped and recorded so (default 540 on a GPU, 0 = none on a "

@@ -18,7 +18,8 @@
 //          segment.
 //   A new segment gathers pages: idle pooled pages first, then new pages while under the budget, then
 //   pages reclaimed from idle segments, least recently freed first (Note [Unmap fences]). Only when none
-//   is left does it fail, with a message that names the budget and the largest holders.
+//   is left does it fail, with a message that names the budget and the largest holders. With residency, a new
+//   large segment is one physical allocation instead (Note [Swappable segments]).
 // deallocate(ptr)
 //   the block goes back to its segment at once, or waits for the streams it was recorded on
 //   (Note [record_stream]). An idle segment (large and free, or a slab with no block in use) stays mapped,
@@ -45,9 +46,11 @@
 //
 // Note [Swappable segments]
 //   With residency enabled (allocator_options::residency), every large segment is also a region of the residency
-//   engine (residency.hpp), swappable while live. Its `pages` then hold the device pages backing it now: all of
-//   them while resident, none while it is backed by host pages (the engine swapped them into the page pool), and
-//   `n` is its size in granules either way. Only device-backed segments are cached for reuse: a large segment
+//   engine (residency.hpp), swappable while live. Its device memory is one physical allocation of its size, a
+//   chunk (Note [Chunks] in residency.cpp: VMM calls cost per mapping), which the engine holds: its `pages` stay
+//   empty, and a chunk from a destroyed segment or an eviction becomes a spare for the next segment or prefetch of
+//   that size (gather_chunk_locked). `n` is its size in granules either way. Only device-backed segments are
+//   cached for reuse: a large segment
 //   freed while host-backed is retired instead (Note [Freeing a moved region] in residency.cpp). A request that
 //   does not fit in the budget reclaims the cache first, then evicts live regions synchronously
 //   (Note [Allocation under pressure]), and fails only when nothing movable is left.
@@ -238,7 +241,9 @@ struct caching_allocator::impl final : detail::page_source {
   void* allocate_small_locked(std::size_t bytes, stream_pool* pool);
   void* allocate_large_locked(std::size_t bytes, stream_pool* pool);
   segment* new_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request);
+  segment* new_chunk_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request);
   std::vector<phys_handle> gather_pages_locked(std::size_t n, std::size_t request);
+  detail::device_chunk gather_chunk_locked(std::size_t n, std::size_t request);
   std::size_t obtainable_pages_locked() const noexcept;  // pooled + idle segments + budget headroom
   void release_idle_pages_locked();
   bool reclaim_one_locked();
@@ -519,6 +524,69 @@ segment* caching_allocator::impl::new_segment_locked(stream_pool* pool, std::siz
   return s;
 }
 
+// Note [Chunks] (residency.cpp): with the residency engine, a large segment is one physical allocation (a chunk),
+// mapped in one call: VMM calls cost per mapping, and under a tight budget segments come and go every step.
+segment* caching_allocator::impl::new_chunk_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request) {
+  const std::size_t n = bytes >> gran_shift;
+  const detail::device_chunk chunk = gather_chunk_locked(n, request);
+  device_ptr va = 0;
+  bool mapped = false;
+  try {
+    va = reserve_va_locked(n);
+    port.map(va, bytes, chunk.handle, 0);
+    mapped = true;
+    port.set_access(va, bytes);
+  } catch (...) {
+    try {
+      if (mapped) port.unmap(va, bytes);
+    } catch (...) {
+    }
+    if (va) release_va_locked(va, n);
+    engine->give_chunk_locked(bytes, chunk);
+    throw;
+  }
+  auto seg = std::make_unique<segment>();
+  seg->va = va;
+  seg->bytes = bytes;
+  seg->n = n;
+  seg->pool = pool;
+  segment* s = seg.release();
+  segments.insert(s);
+  set_owner_locked(va, n, s);
+  s->swap = engine->add_locked(s->region, va, bytes, chunk);
+  return s;
+}
+
+// A chunk of `n` pages for a new large segment: a spare one of its size or a new one within the budget (the engine),
+// else the cache reclaimed, else a synchronous eviction, as gather_pages_locked does for pages.
+detail::device_chunk caching_allocator::impl::gather_chunk_locked(std::size_t n, std::size_t request) {
+  if (options.budget && n > obtainable_pages_locked()) {
+    if (!pending.empty()) process_pending_locked(true);
+    if (n > obtainable_pages_locked()) throw_oom_locked(request);
+  }
+  bool retried = false;
+  for (;;) {
+    if (detail::device_chunk c = engine->take_chunk_locked(n << gran_shift)) return c;
+    if (!retried) {
+      retried = true;
+      ++st.num_alloc_retries;
+      if (!pending.empty()) process_pending_locked(false);
+    }
+    if (reclaim_one_locked()) continue;  // its pages join the pool, its chunk the spares: room either way
+    if (!pending.empty()) {
+      process_pending_locked(true);
+      if (reclaim_one_locked()) continue;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const bool evicted = engine->evict_sync_locked();  // Note [Allocation under pressure] (residency.cpp)
+    const std::int64_t us = elapsed_us(start);
+    st.stall_us += us;
+    st.host_wait_us += us;
+    if (evicted) continue;
+    throw_oom_locked(request);
+  }
+}
+
 void caching_allocator::impl::fence_locked(segment* seg) {
   stream_pool* pool = seg->pool;
   if (seg->free_epoch <= pool->fenced_epoch && seg->free_epoch != 0) return;
@@ -634,10 +702,13 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
     pool->free_by_pages[seg->npages()].erase(seg);
     idle.erase(seg);
   } else {
-    seg = new_segment_locked(pool, npages << gran_shift, bytes);
+    if (engine) {
+      seg = new_chunk_segment_locked(pool, npages << gran_shift, bytes);  // the engine knows it (add_locked)
+    } else {
+      seg = new_segment_locked(pool, npages << gran_shift, bytes);
+    }
     if (pool->free_by_pages.size() <= npages) pool->free_by_pages.resize(npages + 1);
-    count(false, &pool_stats::segments, 1);  // its pages were already counted in the large pool's reserved bytes
-    if (engine) seg->swap = engine->add_locked(seg->region, seg->va, seg->bytes, &seg->pages);
+    count(false, &pool_stats::segments, 1);  // its memory was already counted in the large pool's reserved bytes
     residency_gate::mark_large(seg->region);  // after add_locked, which prepares the gate entry
   }
   seg->live = true;
@@ -805,8 +876,13 @@ void caching_allocator::impl::give_pages(std::vector<phys_handle>& pages) {
 }
 
 bool caching_allocator::impl::take_room(std::size_t n) {
-  if (options.budget == 0) return false;
   const std::size_t bytes = n << gran_shift;
+  if (options.budget == 0) {  // no cap: the device says whether there is room (create() fails when it is full)
+    st.device_bytes.increase(static_cast<std::int64_t>(bytes));
+    count(false, &pool_stats::reserved_bytes, static_cast<std::int64_t>(bytes));
+    ++st.num_device_alloc;
+    return true;
+  }
   auto held = [&] { return static_cast<std::size_t>(st.device_bytes.current); };
   if (held() + bytes > options.budget + idle_pages.size() * gran) return false;
   while (held() + bytes > options.budget) {  // pooled pages make way (released: a chunk is one allocation)

@@ -3,10 +3,9 @@
 // Algorithm
 // ---------
 // Every large segment of the caching allocator is a region the engine knows (swap_region); while it is live
-// (allocated) it is swappable. A region is backed by device memory (until its first eviction the allocator's
-// pooled 2 MiB pages, one map() each; after its first prefetch one chunk of the engine's, Note [Chunks]) or by one
-// host-located VMM allocation of its size (created at its first eviction, kept for the region's life, pooled by
-// size when the region goes). Its state:
+// (allocated) it is swappable. A region is backed by device memory (one physical allocation of its size, a chunk:
+// Note [Chunks]) or by one host-located VMM allocation of its size (created at its first eviction, kept for the
+// region's life, pooled by size when the region goes). Its state:
 //
 //   device --start_evict--> moving_out --finish: remap ok--> host --start_prefetch--> moving_in --ok--> device
 //                              |  (abandoned: a launch touched it)                        |  (abandoned)
@@ -49,17 +48,19 @@
 //   synchronous evictions, already waiting on the host, do all three steps with the mutex held.
 //
 // Note [Chunks]
-//   A prefetch brings a region into one physical allocation of its size (a chunk), not into the allocator's 2 MiB
-//   pages: VMM calls cost per mapping, not per byte. On the H100 (bench/vmm_sync_probe.py) a 32 MiB range mapped
-//   from 16 pages took 0.094 ms to map, 0.571 ms to set access and 0.367 ms to unmap; mapped from one allocation,
-//   0.008, 0.044 and 0.026 ms. A thread remapping per-page ranges also slowed a thread launching kernels from 8 to
-//   19 us per launch (the driver's lock); remapping one host allocation of the same size did not. A chunk is mapped for good at a home
-//   VA of its own (its staging VA: a prefetch copies into it there), and at the region's VA while it backs the
-//   region. An eviction unmaps it from the region's VA (one call) and keeps it as a spare, pooled by size, for the
-//   next prefetch of a region of that size. The engine holds chunks within the budget: take_room() counts a new one
-//   as held (pooled pages released first), give_room() a released one. Spare chunks are released when a prefetch
-//   needs room for another size, and when an allocation needs pages (release_spare_locked: nothing pending touches
-//   a spare chunk). A region keeps the allocator's pages until its first eviction, which returns them to the pool.
+//   A region's device memory is one physical allocation of its size (a chunk), not the allocator's 2 MiB pages
+//   (which slabs still use): VMM calls cost per mapping, not per byte. On the H100 (bench/vmm_sync_probe.py) a
+//   32 MiB range mapped from 16 pages took 0.094 ms to map, 0.571 ms to set access and 0.367 ms to unmap; mapped
+//   from one allocation, 0.008, 0.044 and 0.026 ms. A thread remapping per-page ranges also slowed a thread
+//   launching kernels from 8 to 19 us per launch (the driver's lock); remapping one host allocation of the same size
+//   did not. The allocator makes a new large segment from a chunk (take_chunk_locked) and maps it at the segment's
+//   VA in one call. A chunk is mapped at the region's VA while it backs the region and, from the first prefetch into
+//   it on, for good at a home VA of its own (its staging VA: a prefetch copies into it there). An eviction, or the
+//   segment's destruction, unmaps it from the region's VA (one call) and keeps it as a spare, pooled by size, for
+//   the next prefetch or new segment of that size. The engine holds chunks within the budget: take_room() counts a
+//   new one as held (pooled pages released first), give_room() a released one. Spare chunks are released when a
+//   prefetch or a segment needs room for another size, and when an allocation needs pages (release_spare_locked:
+//   nothing pending touches a spare chunk).
 //
 // Note [Write-back]
 //   A region's host backing is kept for its life, so after a prefetch the host copy still holds what came in. With
@@ -187,14 +188,6 @@ struct host_backing {
   explicit operator bool() const noexcept { return handle != 0; }
 };
 
-// A region's device memory after its first prefetch (Note [Chunks]): one physical allocation of its size, mapped
-// for good at a home VA of its own.
-struct device_chunk {
-  phys_handle handle = 0;
-  device_ptr home = 0;
-  explicit operator bool() const noexcept { return handle != 0; }
-};
-
 struct move {
   bool to_device = false;
   device_ptr shadow = 0;             // prefetch: the chunk's home VA; eviction: the host view
@@ -222,9 +215,8 @@ struct swap_region {
   device_ptr va = 0;
   std::size_t bytes = 0;
   std::size_t npages = 0;
-  std::vector<phys_handle>* pages = nullptr;  // the segment's device pages (empty while host- or chunk-backed)
-  device_chunk chunk;                         // its device memory while chunk-backed (Note [Chunks])
-  host_backing host;                          // empty until the first eviction
+  device_chunk chunk;  // its device memory, while it is device-backed (Note [Chunks])
+  host_backing host;   // empty until the first eviction
   bool busy = false;  // the migration thread is remapping it without the mutex (Note [Remaps outside the lock])
   region_residency state = region_residency::device;
   std::unique_ptr<move> mv;
@@ -283,7 +275,6 @@ struct residency_engine::impl {
   std::chrono::steady_clock::time_point last_policy{};  // guarded by tick_mutex
   // Note [Write-back]: result words for the regions' digests, k_digest_chunk regions per allocation.
   std::atomic<int> digest_support{0};  // 0: not asked yet; 1: the port digests; -1: no skip
-  std::atomic<int> batch_unmap{0};     // Note [Batched unmaps]: 0 not tried yet, 1 works, -1 refused
   // Time in the driver calls of remaps and prefetch starts (any thread), and its parts: prefetch starts (staging
   // map, access, copy), remaps to the device, remaps to the host.
   std::atomic<std::int64_t> remap_ns{0};
@@ -349,34 +340,37 @@ struct residency_engine::impl {
       source.reclaim_idle(r.npages);  // a chunk-backed idle segment leaves a spare chunk of its own size
     }
   }
-  device_chunk make_chunk(std::size_t bytes) {
+  // A new chunk, with its home VA when `home` (a segment's chunk gets one at its first prefetch: add_home).
+  device_chunk make_chunk(std::size_t bytes, bool home) {
     device_chunk c;
     c.handle = port.create(bytes, memory_location::device);
-    try {
-      c.home = port.reserve(bytes, gran);
+    if (home) {
       try {
-        port.map(c.home, bytes, c.handle, 0);
-        try {
-          port.set_access(c.home, bytes);
-        } catch (...) {
-          port.unmap(c.home, bytes);
-          throw;
-        }
+        add_home(c, bytes);
       } catch (...) {
-        port.unreserve(c.home, bytes);
+        port.release(c.handle);
         throw;
       }
-    } catch (...) {
-      port.release(c.handle);
-      throw;
     }
     ++chunks_created;
     return c;
   }
+  void add_home(device_chunk& c, std::size_t bytes) {
+    const device_ptr va = port.reserve(bytes, gran);
+    try {
+      map_whole(va, bytes, c.handle, 0);
+    } catch (...) {
+      port.unreserve(va, bytes);
+      throw;
+    }
+    c.home = va;
+  }
   // The chunk's device memory, gone (mutex held: the budget's books).
   void release_chunk(std::size_t bytes, const device_chunk& c) {
-    port.unmap(c.home, bytes);
-    port.unreserve(c.home, bytes);
+    if (c.home) {
+      port.unmap(c.home, bytes);
+      port.unreserve(c.home, bytes);
+    }
     port.release(c.handle);
     source.give_room(bytes / gran);
     ++st.chunks_released;
@@ -529,23 +523,6 @@ struct residency_engine::impl {
     }
   }
 
-  // Note [Batched unmaps]: the pages of a region are n mappings of one granule each. One cuMemUnmap over the
-  // whole run is tried first (the driver's cost is per call as much as per byte); if the driver refuses it, the
-  // pages are unmapped one by one, and from then on always.
-  void unmap_pages(device_ptr va, std::size_t n) {
-    if (n > 1 && batch_unmap.load(std::memory_order_relaxed) >= 0) {
-      try {
-        port.unmap(va, n * gran);
-        batch_unmap.store(1, std::memory_order_relaxed);
-        return;
-      } catch (const cuda_error& e) {
-        if (batch_unmap.exchange(-1) >= 0) {
-          LAYERSWAP_LOG(info, "residency: the driver unmaps one mapping per call (%s)", e.what());
-        }
-      }
-    }
-    for (std::size_t i = 0; i < n; ++i) port.unmap(va + i * gran, gran);
-  }
   // Maps all of `handle` at `va` with access. On failure `va` is left unmapped, or mapped to `fallback` when there
   // is one (a remap to the device puts the host copy back: DESIGN.md invariant 3), and the error goes on.
   void map_whole(device_ptr va, std::size_t bytes, phys_handle handle, phys_handle fallback) {
@@ -779,7 +756,8 @@ struct residency_engine::impl {
     const scoped_ns_timer timed(remap_ns);
     const scoped_ns_timer part(stage_ns);
     move& m = *r.mv;
-    if (!m.chunk) m.chunk = make_chunk(r.bytes);
+    if (!m.chunk) m.chunk = make_chunk(r.bytes, true);
+    if (!m.chunk.home) add_home(m.chunk, r.bytes);
     m.shadow = m.chunk.home;
     start_copy(r, m, h2d);
   }
@@ -883,23 +861,8 @@ struct residency_engine::impl {
       map_whole(r.va, r.bytes, m.chunk.handle, r.host.handle);
       gate::set_on_host(r.id, false);
     } else {
-      if (r.chunk) {
-        port.unmap(r.va, r.bytes);
-      } else {
-        unmap_pages(r.va, r.npages);
-      }
-      try {
-        map_whole(r.va, r.bytes, r.host.handle, r.chunk.handle);
-      } catch (...) {
-        if (!r.chunk) {  // the allocator's pages back where they were (best effort: the error goes on)
-          try {
-            for (std::size_t i = 0; i < r.npages; ++i) port.map(r.va + i * gran, gran, (*r.pages)[i], 0);
-            port.set_access(r.va, r.bytes);
-          } catch (...) {
-          }
-        }
-        throw;
-      }
+      port.unmap(r.va, r.bytes);  // the chunk: one map() call
+      map_whole(r.va, r.bytes, r.host.handle, r.chunk.handle);
       gate::set_on_host(r.id, true);
       m.snapshot = gate::sequence(r.id);  // still remapping: no launch can have moved it since
     }
@@ -928,12 +891,7 @@ struct residency_engine::impl {
       r.digest_known = m.digested;  // Note [Write-back]: the digest of what came in, which the host copy holds
       if (m.digested) r.digest = {m.words[0], m.words[1]};
     } else {
-      if (r.chunk) {
-        add_spare(r.bytes, std::exchange(r.chunk, {}));
-      } else {
-        source.give_pages(*r.pages);
-        r.pages->clear();
-      }
+      add_spare(r.bytes, std::exchange(r.chunk, {}));
       r.state = region_residency::host;
       r.evicted_seq = m.snapshot;
       if (m.clean) {
@@ -1235,8 +1193,10 @@ residency_engine::~residency_engine() {
   impl& m = *impl_;
   try {
     for (auto& [bytes, c] : m.spare_chunks) {  // every region is gone: its chunk is spare
-      m.port.unmap(c.home, bytes);
-      m.port.unreserve(c.home, bytes);
+      if (c.home) {
+        m.port.unmap(c.home, bytes);
+        m.port.unreserve(c.home, bytes);
+      }
       m.port.release(c.handle);
     }
     for (auto& [bytes, h] : m.spare_host) m.release_host(bytes, h);
@@ -1362,14 +1322,13 @@ void residency_engine::note_stream_locked(stream_handle stream) {
   if (std::find(v.begin(), v.end(), stream) == v.end()) v.push_back(stream);
 }
 
-swap_region* residency_engine::add_locked(region_id id, device_ptr va, std::size_t bytes,
-                                          std::vector<phys_handle>* pages) {
+swap_region* residency_engine::add_locked(region_id id, device_ptr va, std::size_t bytes, device_chunk chunk) {
   auto r = std::make_unique<swap_region>();
   r->id = id;
   r->va = va;
   r->bytes = bytes;
   r->npages = bytes / impl_->gran;
-  r->pages = pages;
+  r->chunk = chunk;
   swap_region* out = r.get();
   impl_->regions[id] = std::move(r);
   return out;
@@ -1487,6 +1446,30 @@ std::size_t residency_engine::chunk_pages_locked() const noexcept {
   return bytes / impl_->gran;
 }
 
+device_chunk residency_engine::take_chunk_locked(std::size_t bytes) {
+  impl& m = *impl_;
+  if (const std::optional<device_chunk> c = impl::take_pooled(m.spare_chunks, bytes)) {
+    m.spare_bytes -= bytes;
+    return *c;
+  }
+  const std::size_t n = bytes / m.gran;
+  while (!m.source.take_room(n)) {
+    if (m.spare_chunks.empty()) return {};
+    m.release_spare(std::prev(m.spare_chunks.end()));  // the largest: fewest releases
+  }
+  try {
+    return m.make_chunk(bytes, false);
+  } catch (const device_out_of_memory&) {  // the device is full (other processes): the caller reclaims
+    m.source.give_room(n);
+    return {};
+  } catch (...) {
+    m.source.give_room(n);
+    throw;
+  }
+}
+
+void residency_engine::give_chunk_locked(std::size_t bytes, const device_chunk& chunk) { impl_->add_spare(bytes, chunk); }
+
 std::size_t residency_engine::spare_pages_locked() const noexcept { return impl_->spare_bytes / impl_->gran; }
 
 std::size_t residency_engine::release_spare_locked() {
@@ -1529,10 +1512,7 @@ residency_stats residency_engine::stats_locked() const {
 
 std::string residency_engine::verify_locked() const {
   const impl& m = *impl_;
-  // Device memory: the allocator's pages (all of them) or a chunk, never both (Note [Chunks]).
-  auto device_backed = [](const swap_region& r) {
-    return r.chunk ? r.pages->empty() : r.pages->size() == r.npages;
-  };
+  auto device_backed = [](const swap_region& r) { return static_cast<bool>(r.chunk); };  // Note [Chunks]
   std::size_t moves = 0;
   std::size_t backing = 0;
   for (const auto& [id, r] : m.regions) {
@@ -1544,7 +1524,7 @@ std::string residency_engine::verify_locked() const {
         if (r->mv || !device_backed(*r)) return name + "resident without its device memory, or moving";
         break;
       case region_residency::host:
-        if (r->mv || !r->pages->empty() || r->chunk || !r->host) {
+        if (r->mv || r->chunk || !r->host) {
           return name + "on host but holds device memory or no host pages";
         }
         break;
@@ -1554,7 +1534,7 @@ std::string residency_engine::verify_locked() const {
         }
         break;
       case region_residency::moving_in:
-        if (!r->mv || !r->mv->to_device || !r->pages->empty() || r->chunk || !r->host) {
+        if (!r->mv || !r->mv->to_device || r->chunk || !r->host) {
           return name + "moving in without a move or its host pages, or with device memory already";
         }
         break;

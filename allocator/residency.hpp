@@ -91,6 +91,14 @@ enum class region_residency : std::uint8_t { none, device, host, moving_in, movi
 
 namespace detail {
 
+// One physical allocation of device memory backing a whole large segment (residency.cpp, Note [Chunks]), and the
+// VA of its own where it is also mapped once a prefetch has copied into it (0: none yet).
+struct device_chunk {
+  phys_handle handle = 0;
+  device_ptr home = 0;
+  explicit operator bool() const noexcept { return handle != 0; }
+};
+
 // What the engine needs from the allocator. Called with the allocator mutex held.
 class page_source {
  public:
@@ -101,7 +109,8 @@ class page_source {
   virtual void give_pages(std::vector<phys_handle>& pages) = 0;
   // Room in the budget for `n` pages' worth of device memory the engine creates itself (a chunk: residency.cpp,
   // Note [Chunks]), counted as held from now on. Releases pooled pages as needed; never reclaims or evicts. False
-  // (nothing changed) when the budget has no such room.
+  // (nothing changed) when the budget has no such room; always true without a budget (create() then says whether
+  // the device has room).
   virtual bool take_room(std::size_t n) = 0;
   // The engine released `n` pages' worth of its own device memory (or never created what take_room made room for).
   virtual void give_room(std::size_t n) = 0;
@@ -142,9 +151,15 @@ class residency_engine {
   // ---- with the allocator mutex held ----
   void set_streams_locked(std::span<const stream_handle> streams);
   void note_stream_locked(stream_handle stream);
-  // A large segment was created: `pages` is the segment's device page vector (the engine swaps its contents; empty
-  // while the region is backed by host pages or by a chunk of the engine's, Note [Chunks]).
-  swap_region* add_locked(region_id id, device_ptr va, std::size_t bytes, std::vector<phys_handle>* pages);
+  // A large segment was created: `chunk`, from take_chunk_locked(), is mapped at `va` and backs the region while it
+  // is on the device; the engine swaps it for host pages and back (Note [Chunks]).
+  swap_region* add_locked(region_id id, device_ptr va, std::size_t bytes, device_chunk chunk);
+  // A chunk of `bytes` for a new large segment (Note [Chunks]): a spare one of that size, else a new one within the
+  // budget (page_source::take_room; spare chunks of other sizes are released to make room). Empty when there is no
+  // room now (the caller reclaims or evicts, then asks again) or the device is full.
+  device_chunk take_chunk_locked(std::size_t bytes);
+  // A chunk from take_chunk_locked() that no segment took (mapping it failed): back to the spares.
+  void give_chunk_locked(std::size_t bytes, const device_chunk& chunk);
   void set_live_locked(swap_region* r, bool live);
   // Whether the region is backed by host pages now (on host, or moving in).
   [[nodiscard]] bool host_backed_locked(const swap_region* r) const noexcept;

@@ -92,5 +92,71 @@ TEST(AllocatorGpu, BudgetReclaimAndOom) {
   alloc.verify();
 }
 
+// The residency engine on the real driver (Note [Chunks] in allocator/residency.cpp), moves requested by hand
+// (no tracker: residency_options::without_tracker): a large segment is one chunk; it goes to host pages and back,
+// twice (the second prefetch reuses the spare chunk and its home VA), then a new segment of the same size takes a
+// spare, and one that needs the budget makes the allocator release spares. The bytes survive every move.
+TEST(AllocatorGpu, RegionsMoveAsChunksAndKeepTheirBytes) {
+  REQUIRE_GPU();
+  auto port = make_cuda_driver(0);
+  allocator_options opts;
+  opts.budget = 64 * k_mib;
+  opts.residency.enabled = true;
+  opts.residency.without_tracker = true;
+  opts.residency.thread = false;
+  caching_allocator alloc(*port, opts);
+  const std::size_t bytes = 24 * k_mib;
+  auto fill = [&](void* p, std::uint8_t seed) {
+    std::vector<std::uint8_t> data(bytes);
+    for (std::size_t i = 0; i < bytes; ++i) data[i] = static_cast<std::uint8_t>(i * 7 + seed + (i >> 13));
+    port->copy_from_host(reinterpret_cast<device_ptr>(p), data.data(), bytes);
+    return data;
+  };
+  auto back = [&](void* p) {
+    std::vector<std::uint8_t> out(bytes);
+    port->copy_to_host(out.data(), reinterpret_cast<device_ptr>(p), bytes);
+    return out;
+  };
+  auto settle = [&](void* p, region_residency want) {
+    for (int i = 0; i < 2000 && alloc.residency_of(p) != want; ++i) alloc.residency_tick();
+    return alloc.residency_of(p);
+  };
+  void* a = alloc.allocate(bytes, nullptr);
+  std::vector<std::uint8_t> data = fill(a, 1);
+  const std::int64_t created = alloc.residency().chunks_created;  // a's chunk
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    ASSERT_TRUE(alloc.request_evict(a));
+    ASSERT_EQ(settle(a, region_residency::host), region_residency::host);
+    EXPECT_EQ(back(a), data) << "read through the host mapping";
+    if (round == 1) data = fill(a, 2);  // a write while on the host: the prefetch must bring it
+    ASSERT_TRUE(alloc.request_prefetch(a));
+    ASSERT_EQ(settle(a, region_residency::device), region_residency::device);
+    EXPECT_EQ(back(a), data);
+  }
+  EXPECT_EQ(alloc.residency().chunks_created, created) << "a's own chunk, spare while a was on the host, came back";
+  ASSERT_TRUE(alloc.request_evict(a));
+  ASSERT_EQ(settle(a, region_residency::host), region_residency::host);
+  void* b = alloc.allocate(bytes, nullptr);  // takes a's spare chunk
+  EXPECT_EQ(alloc.residency().chunks_created, created);
+  const std::vector<std::uint8_t> b_data = fill(b, 3);
+  // 24 MiB of b and 48 MiB more exceed the 64 MiB budget: b is evicted on the allocation path, and its chunk,
+  // spare then, is released to make room.
+  void* c = alloc.allocate(48 * k_mib, nullptr);
+  EXPECT_EQ(alloc.residency_of(b), region_residency::host);
+  EXPECT_EQ(back(a), data);
+  EXPECT_EQ(back(b), b_data);
+  const residency_stats st = alloc.residency();
+  EXPECT_EQ(st.spare_bytes, 0);
+  EXPECT_GE(st.chunks_released, 1);
+  EXPECT_LE(alloc.stats().device_bytes.peak, static_cast<std::int64_t>(opts.budget));
+  alloc.verify();
+  alloc.deallocate(c);
+  alloc.deallocate(b);
+  alloc.deallocate(a);
+  alloc.empty_cache();
+  alloc.verify();
+}
+
 }  // namespace
 }  // namespace layerswap

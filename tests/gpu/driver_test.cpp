@@ -412,6 +412,37 @@ TEST(CudaDriver, ContentFollowsThePhysicalPagesThroughARemap) {
   port->unreserve(va, g);
 }
 
+// A chunk (allocator/residency.cpp, Note [Chunks]) is mapped at its home VA and at its region's VA at once: both
+// must show the same bytes, and unmapping one must leave the other.
+TEST(CudaDriver, OneDeviceAllocationMappedAtTwoVasShowsTheSameBytes) {
+  if (layerswap::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU: skipped";
+  auto port = make_cuda_driver(0);
+  const std::size_t bytes = 4 * port->granularity();
+  const region home = make_region(*port, bytes, memory_location::device);
+  const device_ptr second = port->reserve(bytes, 0);
+  port->map(second, bytes, home.handle, 0);
+  port->set_access(second, bytes);
+  const std::vector<std::byte> first = pattern(bytes, 5);
+  port->copy_from_host(home.va, first.data(), bytes);
+  EXPECT_EQ(difference(first, read_back(*port, second, bytes)), "");
+  stream_handle s = port->create_stream();
+  const region other = make_region(*port, bytes, memory_location::device);
+  const std::vector<std::byte> next = pattern(bytes, 6);
+  port->copy_from_host(other.va, next.data(), bytes);
+  port->copy_async(second, other.va, bytes, s);  // a stream-ordered write through one VA ...
+  port->synchronize(s);
+  EXPECT_EQ(difference(next, read_back(*port, home.va, bytes)), "") << "... is read through the other";
+  port->unmap(home.va, bytes);
+  EXPECT_EQ(difference(next, read_back(*port, second, bytes)), "") << "the second mapping outlives the first";
+  port->map(home.va, bytes, home.handle, 0);
+  port->set_access(home.va, bytes);
+  port->unmap(second, bytes);
+  port->unreserve(second, bytes);
+  port->destroy_stream(s);
+  free_region(*port, other);
+  free_region(*port, home);
+}
+
 TEST(CudaDriver, ReleasedPagesLiveUntilTheLastUnmap) {
   if (layerswap::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU: skipped";
   auto port = make_cuda_driver(0);

@@ -466,7 +466,7 @@ std::vector<phys_handle> caching_allocator::impl::gather_pages_locked(std::size_
       }
     }
     // The engine's spare chunks are free memory (residency.cpp, Note [Chunks]): to the budget before anything.
-    if (engine && engine->release_spare_locked() != 0) continue;
+    if (engine && engine->release_spare_locked(n - out.size()) != 0) continue;
     if (!retried) {
       retried = true;
       ++st.num_alloc_retries;

@@ -1453,18 +1453,19 @@ device_chunk residency_engine::take_chunk_locked(std::size_t bytes) {
     return *c;
   }
   const std::size_t n = bytes / m.gran;
-  while (!m.source.take_room(n)) {
+  for (;;) {
+    if (m.source.take_room(n)) {
+      try {
+        return m.make_chunk(bytes, false);
+      } catch (const device_out_of_memory&) {  // the device is full (other processes): spares first, then the caller
+        m.source.give_room(n);
+      } catch (...) {
+        m.source.give_room(n);
+        throw;
+      }
+    }
     if (m.spare_chunks.empty()) return {};
     m.release_spare(std::prev(m.spare_chunks.end()));  // the largest: fewest releases
-  }
-  try {
-    return m.make_chunk(bytes, false);
-  } catch (const device_out_of_memory&) {  // the device is full (other processes): the caller reclaims
-    m.source.give_room(n);
-    return {};
-  } catch (...) {
-    m.source.give_room(n);
-    throw;
   }
 }
 
@@ -1472,10 +1473,15 @@ void residency_engine::give_chunk_locked(std::size_t bytes, const device_chunk& 
 
 std::size_t residency_engine::spare_pages_locked() const noexcept { return impl_->spare_bytes / impl_->gran; }
 
-std::size_t residency_engine::release_spare_locked() {
+std::size_t residency_engine::release_spare_locked(std::size_t pages) {
   impl& m = *impl_;
   const std::size_t before = m.spare_bytes;
-  while (!m.spare_chunks.empty()) m.release_spare(m.spare_chunks.begin());
+  const std::size_t want = pages > SIZE_MAX / m.gran ? SIZE_MAX : pages * m.gran;
+  while (!m.spare_chunks.empty() && before - m.spare_bytes < want) {
+    // The smallest spare that covers what is still wanted, else the largest.
+    auto it = m.spare_chunks.lower_bound(want - (before - m.spare_bytes));
+    m.release_spare(it == m.spare_chunks.end() ? std::prev(it) : it);
+  }
   return (before - m.spare_bytes) / m.gran;
 }
 

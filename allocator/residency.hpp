@@ -184,8 +184,9 @@ class residency_engine {
   // release_spare_locked() gives back to the budget.
   [[nodiscard]] std::size_t chunk_pages_locked() const noexcept;
   [[nodiscard]] std::size_t spare_pages_locked() const noexcept;
-  // Releases the spare chunks (no host wait: nothing pending touches them). Returns the pages given back.
-  std::size_t release_spare_locked();
+  // Releases spare chunks worth at least `pages` pages, or all of them (no host wait: nothing pending touches
+  // them). Returns the pages given back.
+  std::size_t release_spare_locked(std::size_t pages = SIZE_MAX);
   [[nodiscard]] std::size_t inflight_pages_locked() const noexcept;  // taken by prefetches in flight (chunks)
   [[nodiscard]] std::size_t own_pages_locked() const noexcept;  // the engine's own (the hold flags: residency.cpp)
   [[nodiscard]] region_residency state_locked(const swap_region* r) const noexcept;

@@ -251,6 +251,23 @@ TEST(Residency, ChunksAreReusedBySizeAndReleasedForTheBudget) {
   h.expect_clean();
 }
 
+// Note [Chunks]: when the device itself is full (another process; the budget has room), a new segment's chunk is
+// made after the spare chunks are released, not after evicting or failing.
+TEST(Residency, ADeviceFullOfSparesReleasesThemForANewSegment) {
+  harness h(256 * MiB);
+  h.sim.set_total_memory(32 * MiB);
+  void* a = h.written(16 * MiB, 0x5a);
+  h.go_out(a);  // its chunk: a spare of 16 MiB of the device's 32
+  void* b = h.written(24 * MiB, 0x6b);
+  EXPECT_GE(h.alloc.residency().chunks_released, 1);
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::host);
+  EXPECT_TRUE(h.holds(a, 16 * MiB, 0x5a));
+  EXPECT_TRUE(h.holds(b, 24 * MiB, 0x6b));
+  h.alloc.deallocate(b);
+  h.alloc.deallocate(a);
+  h.expect_clean();
+}
+
 // Note [Write-back]: a region that comes back and is evicted again unchanged is not copied back; its host copy,
 // kept from the first eviction, is what the VA reads afterwards.
 TEST(Residency, CleanEvictionSkipsTheCopy) {

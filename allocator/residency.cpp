@@ -45,7 +45,10 @@
 //   releases the gate (remap_busy); under the mutex again it updates the books (end_finish). While a region is
 //   busy nobody else touches it: every engine entry point that acts on a region waits (wait_not_busy, releasing
 //   the mutex) until it is not, moving_locked() says it moves, and regions cannot be removed. Settling and
-//   synchronous evictions, already waiting on the host, do all three steps with the mutex held.
+//   synchronous evictions, already waiting on the host, do all three steps with the mutex held. The moves the
+//   policy starts go the same way: under the mutex it decides and begins them (the region busy, defer_start);
+//   without it, tick() makes a prefetch's chunk and enqueues each move's fences and copy or check (start_deferred);
+//   under the mutex again, end_start undoes a move whose copy failed to start.
 //
 // Note [Chunks]
 //   A region's device memory is one physical allocation of its size (a chunk), not the allocator's 2 MiB pages
@@ -675,7 +678,10 @@ struct residency_engine::impl {
     while (m.spare_fences.size() < m.fence_streams.size() + 1) m.spare_fences.push_back(take_event());
   }
 
-  bool start_evict(swap_region& r, bool sync) {
+  // Starts an eviction. With `defer` (the policy, in tick()), the region is left busy with its copy not yet
+  // enqueued, for tick() to enqueue it (event records, stream waits, the copy or the check) without the mutex
+  // (Note [Remaps outside the lock]); otherwise it does that now.
+  bool start_evict(swap_region& r, bool sync, bool defer = false) {
     if (r.state != region_residency::device || r.mv || !r.live || r.pinned) return false;
     if (!r.host) {
       try {
@@ -703,6 +709,11 @@ struct residency_engine::impl {
       }
     }
     if (!m->checking) r.digest_known = false;
+    if (defer) {
+      begin(r, std::move(m), region_residency::moving_out);
+      defer_start(r);
+      return true;
+    }
     try {
       start_copy(r, *m, d2h);
     } catch (...) {
@@ -711,6 +722,20 @@ struct residency_engine::impl {
     }
     begin(r, std::move(m), region_residency::moving_out);
     return true;
+  }
+  // A move begun with its start left to tick(), outside the mutex: the region is busy until end_start.
+  void defer_start(swap_region& r) {
+    r.busy = true;
+    ++busy;
+    starting.push_back(&r);
+  }
+  // tick(), without the mutex: the deferred start of a region's move.
+  void start_deferred(swap_region& r) {
+    if (r.mv->to_device) {
+      start_prefetch_copy(r);
+    } else {
+      start_copy(r, *r.mv, d2h);
+    }
   }
 
   // Starts a prefetch: takes a chunk, or room for one (Note [Chunks]). With `defer` (the policy, in tick()), the
@@ -735,9 +760,7 @@ struct residency_engine::impl {
     reserve_events(*m);
     begin(r, std::move(m), region_residency::moving_in);
     if (defer) {
-      r.busy = true;
-      ++busy;
-      starting.push_back(&r);
+      defer_start(r);
       return true;
     }
     try {
@@ -762,7 +785,7 @@ struct residency_engine::impl {
     start_copy(r, m, h2d);
   }
 
-  // After start_prefetch_copy (mutex held): a move whose copy did not start is undone.
+  // After a move's start (mutex held): a move whose copy did not start is undone.
   void end_start(swap_region& r) {
     if (r.busy) {
       r.busy = false;
@@ -770,12 +793,13 @@ struct residency_engine::impl {
     }
     move& m = *r.mv;
     if (m.done) {
-      publish_hold(r, m);
+      if (m.to_device) publish_hold(r, m);
       return;
     }
-    drop_destination(r, m);
+    if (m.to_device) drop_destination(r, m);
+    r.state = m.to_device ? region_residency::host : region_residency::device;
     spare_events.insert(spare_events.end(), m.fences.begin(), m.fences.end());
-    r.state = region_residency::host;
+    spare_events.insert(spare_events.end(), m.spare_fences.begin(), m.spare_fences.end());
     end_move(r);
   }
 
@@ -1151,7 +1175,7 @@ struct residency_engine::impl {
     }
     while (committed + need > capacity) {
       swap_region* victim = pick_victim(&wanted, true);
-      if (!victim || !start_evict(*victim, false)) break;
+      if (!victim || !start_evict(*victim, false, true)) break;
       committed -= std::min(committed, victim->bytes);
     }
     // Prefetch in forecast order within the capacity, as pages allow (free ones, else the idle cache).
@@ -1173,7 +1197,7 @@ struct residency_engine::impl {
         continue;
       }
       swap_region* victim = pick_victim(nullptr, false);
-      if (victim && gate::last_use(victim->id) < gate::last_use(id)) start_evict(*victim, false);
+      if (victim && gate::last_use(victim->id) < gate::last_use(id)) start_evict(*victim, false, true);
       break;
     }
   }
@@ -1308,7 +1332,7 @@ void residency_engine::tick() {
     ++m.st.policy_rounds;
     m.st.policy_us += elapsed_us(now);
   }
-  m.outside_lock(lock, std::exchange(m.starting, {}), &impl::start_prefetch_copy, &impl::end_start, failure);
+  m.outside_lock(lock, std::exchange(m.starting, {}), &impl::start_deferred, &impl::end_start, failure);
   if (failure) std::rethrow_exception(failure);
 }
 

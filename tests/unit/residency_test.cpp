@@ -416,6 +416,46 @@ TEST(Residency, PrefetchWhoseCopyFailsToStartIsUndone) {
   EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
 }
 
+// Note [Remaps outside the lock]: an eviction the policy starts is enqueued by tick() without the mutex; when its
+// copy fails to start, end_start undoes it (the region stays on the device, whole) and a later round evicts it.
+TEST(Residency, PolicyEvictionWhoseCopyFailsToStartIsUndone) {
+  sim_driver sim(harness::make_sim(true, true));
+  faulty_driver port(sim);
+  caching_allocator alloc(port, harness::make_options(12 * MiB, false, true, true));
+  fixed_forecast f;
+  alloc.set_forecast_source(&f);
+  std::vector<void*> w;
+  for (std::uint8_t v = 1; v <= 3; ++v) {
+    w.push_back(alloc.allocate(4 * MiB, nullptr));
+    sim.launch(nullptr, {{reinterpret_cast<device_ptr>(w.back()), 4 * MiB, true, v}});
+  }
+  for (void* p : {w[1], w[2]}) ASSERT_TRUE(alloc.request_evict(p));
+  alloc.residency_tick();
+  void* act = alloc.allocate(4 * MiB, nullptr);  // an activation: the reserve leaves room for two regions
+  sim.launch(nullptr, {{reinterpret_cast<device_ptr>(act), 4 * MiB, true, 0x0a}});
+  f.set({harness::id_of(w[1]), harness::id_of(w[0]), harness::id_of(w[2])});
+  for (int i = 0; i < 4; ++i) alloc.residency_tick();
+  ASSERT_EQ(alloc.residency_of(w[0]), region_residency::device);
+  ASSERT_EQ(alloc.residency_of(w[1]), region_residency::device);
+  // w2 is next and w0 is used last: the policy evicts w0, whose copy fails to start.
+  f.set({harness::id_of(w[2]), harness::id_of(w[1]), harness::id_of(w[0])});
+  port.fail_copies = 1;
+  EXPECT_THROW(alloc.residency_tick(), cuda_error);
+  EXPECT_EQ(alloc.residency_of(w[0]), region_residency::device) << "the eviction was undone";
+  EXPECT_NO_THROW(alloc.verify());
+  for (int i = 0; i < 6; ++i) alloc.residency_tick();
+  EXPECT_EQ(alloc.residency_of(w[0]), region_residency::host);
+  EXPECT_EQ(alloc.residency_of(w[2]), region_residency::device);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(sim_holds(sim, w[i], 4 * MiB, static_cast<std::uint8_t>(i + 1))) << "region " << i;
+  }
+  EXPECT_TRUE(sim_holds(sim, act, 4 * MiB, 0x0a));
+  EXPECT_NO_THROW(alloc.verify());
+  for (void* p : w) alloc.deallocate(p);
+  alloc.deallocate(act);
+  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+}
+
 // Note [Write-back]: a digest that never writes its result (a launch that failed) must read as dirty: the words
 // still hold what the prefetch's digest left there, which equals the known digest.
 TEST(Residency, CheckWhoseDigestNeverRanCopies) {

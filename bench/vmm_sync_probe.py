@@ -5,7 +5,7 @@ about as long as the running kernel, it waits for the device, and every remap th
 program's stream. Device and host-located pages are both tried. Then: map/access/unmap cost by mapping count (n pages
 of 2 MiB against one n * 2 MiB allocation: is an unmap paid per mapping or per byte?), a GEMM loop and a tiny-launch
 loop beside a thread that remaps (do remaps slow the GPU, or the launching thread?). Prints tables and writes JSON
-to --out. Not yet run on the H100 in this form (the mapping-count part is new)."""
+to --out. Run on the H100 at 1d3a595: figures in allocator/residency.cpp, Note [Chunks]."""
 import argparse
 import ctypes
 import json
@@ -134,25 +134,20 @@ def main():
                 ck(cu.cuMemUnmap(va, ctypes.c_size_t(n * gran)), "unmap run")
                 rows["pages_unmap_one_call"].append((time.perf_counter() - t2) * 1e3)
             rows["pages_map"].append((t1 - t) * 1e3); rows["pages_access"].append((t2 - t1) * 1e3)
-            t = time.perf_counter()
-            ck(cu.cuMemMap(va, ctypes.c_size_t(n * gran), ctypes.c_size_t(0), big, ctypes.c_ulonglong(0)), "map one")
-            t1 = time.perf_counter()
-            ck(cu.cuMemSetAccess(va, ctypes.c_size_t(n * gran), ctypes.byref(acc), ctypes.c_size_t(1)), "access one")
-            t2 = time.perf_counter()
-            ck(cu.cuMemUnmap(va, ctypes.c_size_t(n * gran)), "unmap one")
-            t3 = time.perf_counter()
-            rows["one_map"].append((t1 - t) * 1e3); rows["one_access"].append((t2 - t1) * 1e3)
-            rows["one_unmap"].append((t3 - t2) * 1e3)
-            # the same for one host-located allocation of n * 2 MiB (an eviction's remap maps the region's backing)
-            t = time.perf_counter()
-            ck(cu.cuMemMap(va, ctypes.c_size_t(n * gran), ctypes.c_size_t(0), hbig, ctypes.c_ulonglong(0)), "map host")
-            t1 = time.perf_counter()
-            ck(cu.cuMemSetAccess(va, ctypes.c_size_t(n * gran), ctypes.byref(acc), ctypes.c_size_t(1)), "access host")
-            t2 = time.perf_counter()
-            ck(cu.cuMemUnmap(va, ctypes.c_size_t(n * gran)), "unmap host")
-            t3 = time.perf_counter()
-            rows["host_map"].append((t1 - t) * 1e3); rows["host_access"].append((t2 - t1) * 1e3)
-            rows["host_unmap"].append((t3 - t2) * 1e3)
+            # one allocation of n * 2 MiB mapped once: device, then host-located (an eviction maps the backing)
+            for prefix, handle in (("one", big), ("host", hbig)):
+                t = time.perf_counter()
+                ck(cu.cuMemMap(va, ctypes.c_size_t(n * gran), ctypes.c_size_t(0), handle, ctypes.c_ulonglong(0)),
+                   f"map {prefix}")
+                t1 = time.perf_counter()
+                ck(cu.cuMemSetAccess(va, ctypes.c_size_t(n * gran), ctypes.byref(acc), ctypes.c_size_t(1)),
+                   f"access {prefix}")
+                t2 = time.perf_counter()
+                ck(cu.cuMemUnmap(va, ctypes.c_size_t(n * gran)), f"unmap {prefix}")
+                t3 = time.perf_counter()
+                rows[prefix + "_map"].append((t1 - t) * 1e3)
+                rows[prefix + "_access"].append((t2 - t1) * 1e3)
+                rows[prefix + "_unmap"].append((t3 - t2) * 1e3)
         for h in pages:
             cu.cuMemRelease(h)
         cu.cuMemRelease(big)

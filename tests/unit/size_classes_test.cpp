@@ -19,7 +19,9 @@ void check_size(std::size_t bytes) {
   } else {
     ASSERT_LE((block - bytes) * 8, bytes) << "more than 12.5% waste for " << bytes;
   }
-  if (i > 0) ASSERT_LT(size_class_bytes(i - 1), bytes) << "a smaller class would hold " << bytes;
+  if (i > 0) {
+    ASSERT_LT(size_class_bytes(i - 1), bytes) << "a smaller class would hold " << bytes;
+  }
 }
 
 TEST(SizeClasses, EveryClassIsTheSmallestThatFitsWithBoundedWaste) {
@@ -32,7 +34,9 @@ TEST(SizeClasses, IndicesAreDenseAndIncreasing) {
   const std::uint32_t n = size_class_count(k_mib);
   for (std::uint32_t i = 0; i < n; ++i) {
     EXPECT_EQ(size_class_index(size_class_bytes(i)), i);
-    if (i) EXPECT_GT(size_class_bytes(i), size_class_bytes(i - 1));
+    if (i) {
+      EXPECT_GT(size_class_bytes(i), size_class_bytes(i - 1));
+    }
   }
   EXPECT_EQ(size_class_bytes(n - 1), k_mib);
   EXPECT_EQ(size_class_bytes(0), 512u);

@@ -224,6 +224,16 @@ struct caching_allocator::impl final : detail::page_source {
   void start_engine_if_needed();
   // The mutex, for the program's allocate/deallocate: counts the calls that had to wait for it (the migration
   // thread holds it for its rounds) and how long.
+  // allocate/deallocate: the time from before the lock to the end of the call, counted with the lock still held
+  // (declare it after the lock, so that it is destroyed first).
+  struct call_timer {
+    allocator_stats& st;
+    std::chrono::steady_clock::time_point start;
+    ~call_timer() {
+      ++st.num_calls;
+      st.call_ns += elapsed_ns(start);
+    }
+  };
   std::unique_lock<std::mutex> lock_counted() {
     std::unique_lock lock(mutex, std::try_to_lock);
     if (!lock.owns_lock()) {
@@ -971,7 +981,9 @@ caching_allocator::~caching_allocator() = default;
 
 void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
   if (bytes == 0) return nullptr;
+  const auto start = std::chrono::steady_clock::now();
   const std::unique_lock lock = impl_->lock_counted();
+  const impl::call_timer timed{impl_->st, start};
   if (!impl_->pending.empty()) impl_->process_pending_locked(false);
   stream_pool* pool = impl_->pool_for_locked(stream);
   return bytes <= impl_->options.small_max ? impl_->allocate_small_locked(bytes, pool)
@@ -981,7 +993,9 @@ void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
 bool caching_allocator::deallocate(void* ptr) noexcept {
   if (!ptr) return true;
   const auto p = reinterpret_cast<device_ptr>(ptr);
+  const auto start = std::chrono::steady_clock::now();
   const std::unique_lock lock = impl_->lock_counted();
+  const impl::call_timer timed{impl_->st, start};
   impl& m = *impl_;
   segment* seg = m.owner_locked(p);
   std::uint32_t b = 0;
@@ -1086,6 +1100,7 @@ void caching_allocator::reset_accumulated_stats() {
   impl_->st.num_alloc_retries = impl_->st.num_ooms = 0;
   impl_->st.num_device_alloc = impl_->st.num_device_free = impl_->st.num_host_waits = 0;
   impl_->st.host_wait_us = impl_->st.stall_us = 0;
+  impl_->st.num_calls = impl_->st.call_ns = 0;
 }
 
 bool caching_allocator::owns(const void* ptr) const noexcept {

@@ -243,12 +243,15 @@ TEST(Allocator, PeakAndAccumulatedStatsReset) {
   void* a = alloc.allocate(20 * k_mib, nullptr);
   void* b = alloc.allocate(4 * k_mib, nullptr);
   alloc.deallocate(a);
+  EXPECT_EQ(alloc.stats().num_calls, 3) << "two allocations and a free";
+  EXPECT_GT(alloc.stats().call_ns, 0);
   EXPECT_EQ(alloc.stats().all.allocated_bytes.peak, static_cast<std::int64_t>(24 * k_mib));
   alloc.reset_peak_stats();
   EXPECT_EQ(alloc.stats().all.allocated_bytes.peak, static_cast<std::int64_t>(4 * k_mib));
   EXPECT_GT(alloc.stats().all.allocated_bytes.allocated, 0);
   alloc.reset_accumulated_stats();
   EXPECT_EQ(alloc.stats().all.allocated_bytes.allocated, 0);
+  EXPECT_EQ(alloc.stats().num_calls, 0);
   EXPECT_EQ(alloc.stats().all.allocated_bytes.current, static_cast<std::int64_t>(4 * k_mib));
   alloc.deallocate(b);
   alloc.verify();

@@ -52,8 +52,8 @@ struct allocator_stats {
   std::int64_t cached_bytes = 0;      // held but not in a live allocation
   std::int64_t num_alloc_retries = 0; // allocations that had to reclaim cached memory first
   std::int64_t num_ooms = 0;
-  std::int64_t num_device_alloc = 0;  // physical pages created
-  std::int64_t num_device_free = 0;   // physical pages released to the driver
+  std::int64_t num_device_alloc = 0;  // physical allocations created (2 MiB pages, or chunks: residency.cpp)
+  std::int64_t num_device_free = 0;   // ... released to the driver
   std::int64_t num_host_waits = 0;    // times the allocator waited for a stream's event
   std::int64_t host_wait_us = 0;      // ... the time those waits took, with the synchronous evictions' (below)
   std::int64_t stall_us = 0;          // time allocations spent in synchronous evictions (residency.cpp)

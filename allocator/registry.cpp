@@ -160,11 +160,11 @@ std::string stats_report() {
   for (caching_allocator* a : allocators()) {
     const allocator_stats st = a->stats();
     const pool_stats& t = st.all;
-    char line[768];
+    char line[1024];
     std::snprintf(line, sizeof line,
                   "layerswap: device %d: budget %s; device memory held %s (peak %s); allocated %s (peak %s) in %lld "
-                  "allocations; %lld segments; cached %s; pages created %lld, released %lld; reclaim retries %lld, "
-                  "host waits %lld, OOMs %lld\n",
+                  "allocations; %lld segments; cached %s; physical allocations made %lld, released %lld; reclaim "
+                  "retries %lld, host waits %lld, OOMs %lld; %.3f s in %lld allocate/free calls\n",
                   st.device, st.budget ? format_bytes(st.budget).c_str() : "none",
                   format_bytes(static_cast<std::uint64_t>(st.device_bytes.current)).c_str(),
                   format_bytes(static_cast<std::uint64_t>(st.device_bytes.peak)).c_str(),
@@ -174,7 +174,8 @@ std::string stats_report() {
                   format_bytes(static_cast<std::uint64_t>(st.cached_bytes)).c_str(),
                   static_cast<long long>(st.num_device_alloc), static_cast<long long>(st.num_device_free),
                   static_cast<long long>(st.num_alloc_retries), static_cast<long long>(st.num_host_waits),
-                  static_cast<long long>(st.num_ooms));
+                  static_cast<long long>(st.num_ooms), static_cast<double>(st.call_ns) * 1e-9,
+                  static_cast<long long>(st.num_calls));
     out += line;
     const residency_stats r = a->residency();
     if (r.evictions || r.prefetches || r.abandoned || r.host_bytes) {
@@ -184,7 +185,7 @@ std::string stats_report() {
                     "back in %lld prefetches, %lld moves abandoned, %lld cancelled; host backing %s; regions %lld "
                     "swappable, %lld on the device, %lld on the host; hit rate %.4f (%llu of %llu launches found a "
                     "region on the host); %llu launches held on the GPU for a prefetch, %llu waited %.3f s on the host (%llu "
-                    "gave up)\n",
+                    "gave up); chunks made %lld, released %lld, %s spare\n",
                     st.device, format_bytes(static_cast<std::uint64_t>(r.bytes_d2h)).c_str(),
                     static_cast<long long>(r.evictions), static_cast<long long>(r.stall_evictions),
                     static_cast<long long>(r.writeback_skipped),
@@ -200,7 +201,9 @@ std::string stats_report() {
                     static_cast<unsigned long long>(r.launches_counted),
                     static_cast<unsigned long long>(r.launch_holds),
                     static_cast<unsigned long long>(r.launch_waits), static_cast<double>(r.launch_wait_us) * 1e-6,
-                    static_cast<unsigned long long>(r.launch_wait_timeouts));
+                    static_cast<unsigned long long>(r.launch_wait_timeouts),
+                    static_cast<long long>(r.chunks_created), static_cast<long long>(r.chunks_released),
+                    format_bytes(static_cast<std::uint64_t>(r.spare_bytes)).c_str());
       out += line;
     }
   }

@@ -284,7 +284,7 @@ struct residency_engine::impl {
   std::atomic<std::int64_t> stage_ns{0};
   std::atomic<std::int64_t> remap_in_ns{0};
   std::atomic<std::int64_t> remap_out_ns{0};
-  std::atomic<std::int64_t> chunks_created{0};  // made by start_prefetch_copy, outside the mutex for the policy
+  std::atomic<std::int64_t> chunks_created{0};  // also made by start_prefetch_copy, outside the mutex
   std::vector<std::uint64_t*> digest_chunks;
   std::vector<std::size_t> free_digest_slots;
 

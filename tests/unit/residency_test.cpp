@@ -1100,9 +1100,12 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
   EXPECT_GT(sum.evictions, 0);
   EXPECT_GT(sum.prefetches, 0);
   // Note [Write-back]: the random traces leave some regions unwritten between a prefetch and an eviction and write
-  // others; both sides of the check must be exercised for the lost-write checks above to cover the skip.
-  EXPECT_GT(sum.writeback_skipped, 0);
-  EXPECT_GT(sum.writeback_checked, sum.writeback_skipped);
+  // others; both sides of the check must be exercised for the lost-write checks above to cover the skip. With the
+  // migration thread running, the counts depend on timing (a few dozen checks): the runs without it make sure.
+  if (!thread) {
+    EXPECT_GT(sum.writeback_skipped, 0);
+    EXPECT_GT(sum.writeback_checked, sum.writeback_skipped);
+  }
   if (holding) {
     const std::uint64_t holds = residency_gate::waits().holds - holds_before;
     std::printf("  held launches: %llu\n", static_cast<unsigned long long>(holds));

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Where each case of a bench/swap.py run spends its step, one line per case, from its JSON: the step against the
+resident one, the launching thread's time (CPU, launch calls, allocator calls and mutex waits, waits for prefetches
+and host waits), the policy's and the migration thread's, the moves, and the allocator's churn per step.
+
+    python3 bench/swap_stats.py bench/results/swap.json
+
+Figures a run did not record (an older layerswap) print as '-'."""
+import argparse
+import json
+import sys
+
+# (column, key in the case, scale, format)
+COLUMNS = [
+    ("step", "step_s", 1, "{:.3f}"), ("resident", "resident_step_s", 1, "{:.3f}"),
+    ("cpu", "cpu_s", 1, "{:.3f}"), ("cpu res", "resident_cpu_s", 1, "{:.3f}"),
+    ("launch", "launch_api_s_per_step", 1, "{:.3f}"), ("alloc", "call_s_per_step", 1, "{:.3f}"),
+    ("lock", "lock_wait_s_per_step", 1, "{:.3f}"), ("wait", "launch_wait_s_per_step", 1, "{:.3f}"),
+    ("host", "host_wait_s_per_step", 1, "{:.3f}"), ("policy", "policy_s_per_step", 1, "{:.3f}"),
+    ("vmm", "remap_s_per_step", 1, "{:.3f}"), ("evict", "evictions_per_step", 1, "{:.0f}"),
+    ("chunks", "chunks_created_per_step", 1, "{:.0f}"),
+]
+# Allocator counters per timed step, from the two statistics snapshots swap.py keeps.
+CHURN = [("segs", "segments.allocated"), ("phys", "num_device_alloc")]
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out.update(_flat(v, prefix + k + "."))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[prefix + k] = v
+    return out
+
+
+def rows(res):
+    steps = res.get("settings", {}).get("steps", 30) - res.get("settings", {}).get("warmup", 5)
+    out = []
+    for c in res.get("cases", []):
+        row = {"case": f"{c.get('model')} {c.get('budget_fraction')}"}
+        for name, key, scale, fmt in COLUMNS:
+            v = c.get(key)
+            row[name] = fmt.format(v * scale) if isinstance(v, (int, float)) else "-"
+        snaps = c.get("layerswap_stats") or {}
+        a, b = _flat(snaps.get("after_warmup")), _flat(snaps.get("end"))
+        for name, key in CHURN:
+            row[name] = f"{(b[key] - a.get(key, 0)) / steps:.0f}" if key in b and steps > 0 else "-"
+        out.append(row)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("json", nargs="?", default="bench/results/swap.json")
+    ap.add_argument("--self-test", action="store_true")
+    a = ap.parse_args(argv)
+    if a.self_test:
+        res = {"settings": {"steps": 12, "warmup": 2},
+               "cases": [{"model": "m", "budget_fraction": 0.25, "step_s": 0.25, "call_s_per_step": 0.0125,
+                          "layerswap_stats": {"after_warmup": {"segments": {"allocated": 10}},
+                                              "end": {"segments": {"allocated": 60}}}}]}
+        (r,) = rows(res)
+        assert r["step"] == "0.250" and r["alloc"] == "0.013" and r["segs"] == "5" and r["lock"] == "-", r
+        print("swap_stats self-test: ok")
+        return 0
+    with open(a.json) as fh:
+        res = json.load(fh)
+    table = rows(res)
+    if not table:
+        print("no cases", file=sys.stderr)
+        return 1
+    names = ["case"] + [c[0] for c in COLUMNS] + [c[0] for c in CHURN]
+    widths = {n: max(len(n), *(len(r[n]) for r in table)) for n in names}
+    print("  ".join(n.rjust(widths[n]) if n != "case" else n.ljust(widths[n]) for n in names))
+    for r in table:
+        print("  ".join(r[n].rjust(widths[n]) if n != "case" else r[n].ljust(widths[n]) for n in names))
+    print("seconds per step; cpu: the launching thread's CPU time (spin waits included); launch: kernel launch calls; "
+          "alloc: allocator calls; lock: their mutex waits; wait: launches waiting for prefetches; host: the "
+          "allocator's host waits; policy: the policy holding the mutex; vmm: the migration thread's map/unmap/access; "
+          "evict, chunks, segs, phys: evictions, chunks made, segments made, physical allocations made per step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,12 +24,19 @@ struct digest128 {
   friend bool operator==(const digest128&, const digest128&) = default;
 };
 
+// runtime/digest_kernel.cu includes this header through nvcc: the mixing functions below are the GPU's too.
+#if defined(__CUDACC__)
+#define LAYERSWAP_DIGEST_HD __host__ __device__
+#else
+#define LAYERSWAP_DIGEST_HD
+#endif
+
 namespace digest_detail {
 inline constexpr std::uint64_t k_index_a = 0x9e3779b97f4a7c15ULL;  // golden ratio, odd
 inline constexpr std::uint64_t k_index_b = 0xd6e8feb86659fd93ULL;
 inline constexpr std::uint64_t k_seed_b = 0x632be59bd9b4e019ULL;
 
-constexpr std::uint64_t mix_a(std::uint64_t x) noexcept {  // murmur3 fmix64
+LAYERSWAP_DIGEST_HD constexpr std::uint64_t mix_a(std::uint64_t x) noexcept {  // murmur3 fmix64
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdULL;
   x ^= x >> 33;
@@ -37,7 +44,7 @@ constexpr std::uint64_t mix_a(std::uint64_t x) noexcept {  // murmur3 fmix64
   x ^= x >> 33;
   return x;
 }
-constexpr std::uint64_t mix_b(std::uint64_t x) noexcept {  // splitmix64's finalizer
+LAYERSWAP_DIGEST_HD constexpr std::uint64_t mix_b(std::uint64_t x) noexcept {  // splitmix64's finalizer
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ULL;
   x ^= x >> 27;
@@ -46,8 +53,12 @@ constexpr std::uint64_t mix_b(std::uint64_t x) noexcept {  // splitmix64's final
   return x;
 }
 // Word `i` of the range, value `w`: its terms of the two lane sums.
-constexpr std::uint64_t term_a(std::uint64_t w, std::uint64_t i) noexcept { return mix_a(w ^ (i * k_index_a)); }
-constexpr std::uint64_t term_b(std::uint64_t w, std::uint64_t i) noexcept { return mix_b((w + k_seed_b) ^ (i * k_index_b)); }
+LAYERSWAP_DIGEST_HD constexpr std::uint64_t term_a(std::uint64_t w, std::uint64_t i) noexcept {
+  return mix_a(w ^ (i * k_index_a));
+}
+LAYERSWAP_DIGEST_HD constexpr std::uint64_t term_b(std::uint64_t w, std::uint64_t i) noexcept {
+  return mix_b((w + k_seed_b) ^ (i * k_index_b));
+}
 }  // namespace digest_detail
 
 // Accumulates the lane sums of words [first, first + n) of a range (so a range can be digested in pieces).

@@ -1,15 +1,15 @@
 // The GPU side of runtime/digest.hpp: one launch digests a range of device-visible memory and writes the 128-bit
 // result to host-mapped memory. Compiled by nvcc into a fatbin that runtime/cuda_driver.cpp embeds and loads with
-// cuModuleLoadData (layerswap links no CUDA runtime), so this file includes no header of the project's C++
-// side: the mixing functions below must stay those of digest.hpp (the GPU test
-// CudaDriver.DigestMatchesTheHostAndSeesEveryChange checks that they do). They could be shared through a
-// __host__ __device__ header; that change waits for a GPU run to check it, since a digest that matched for
-// different content would make evictions drop writes.
+// cuModuleLoadData (layerswap links no CUDA runtime). The mixing functions are digest.hpp's, __host__ __device__
+// under nvcc, so the host reference and the GPU compute one function (the GPU test
+// CudaDriver.DigestMatchesTheHostAndSeesEveryChange checks the two results agree).
 //
 // Reduction: each block sums its grid-stride share of 16-byte loads into two 64-bit lanes and writes them to a
 // partials array; the last block to arrive (a counter, after __threadfence) sums the partials and writes the
 // result. Partials and counter live in module globals, one set per `slot`: the port gives each stream its own
 // slot, and launches on one stream run one after another, so slots need no other synchronization.
+#include "runtime/digest.hpp"
+
 typedef unsigned long long u64;
 
 #define LAYERSWAP_DIGEST_THREADS 256
@@ -19,24 +19,9 @@ typedef unsigned long long u64;
 __device__ u64 layerswap_digest_partials[LAYERSWAP_DIGEST_SLOTS][LAYERSWAP_DIGEST_MAX_BLOCKS][2];
 __device__ unsigned int layerswap_digest_arrived[LAYERSWAP_DIGEST_SLOTS];
 
-__device__ __forceinline__ u64 mix_a(u64 x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
-}
-__device__ __forceinline__ u64 mix_b(u64 x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-__device__ __forceinline__ u64 term_a(u64 w, u64 i) { return mix_a(w ^ (i * 0x9e3779b97f4a7c15ULL)); }
-__device__ __forceinline__ u64 term_b(u64 w, u64 i) { return mix_b((w + 0x632be59bd9b4e019ULL) ^ (i * 0xd6e8feb86659fd93ULL)); }
+using layerswap::digest_detail::mix_a;
+using layerswap::digest_detail::term_a;
+using layerswap::digest_detail::term_b;
 
 // Sums (a, b) over the block; the result is valid in thread 0.
 __device__ __forceinline__ void block_sum(u64& a, u64& b) {

@@ -254,6 +254,7 @@ struct caching_allocator::impl final : detail::page_source {
   segment* new_chunk_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request);
   std::vector<phys_handle> gather_pages_locked(std::size_t n, std::size_t request);
   detail::device_chunk gather_chunk_locked(std::size_t n, std::size_t request);
+  bool free_some_locked(bool& retried);
   std::size_t obtainable_pages_locked() const noexcept;  // pooled + idle segments + budget headroom
   void release_idle_pages_locked();
   bool reclaim_one_locked();
@@ -477,29 +478,36 @@ std::vector<phys_handle> caching_allocator::impl::gather_pages_locked(std::size_
     }
     // The engine's spare chunks are free memory (residency.cpp, Note [Chunks]): to the budget before anything.
     if (engine && engine->release_spare_locked(n - out.size()) != 0) continue;
-    if (!retried) {
-      retried = true;
-      ++st.num_alloc_retries;
-      if (!pending.empty()) process_pending_locked(false);
-    }
-    if (reclaim_one_locked()) continue;
-    if (!pending.empty()) {  // blocks waiting on other streams: wait for them, then try again
-      process_pending_locked(true);
-      if (reclaim_one_locked()) continue;
-    }
-    // Note [Allocation under pressure] (residency.cpp): pages `out` already holds stay with this request.
-    if (engine) {
-      const auto start = std::chrono::steady_clock::now();
-      const bool evicted = engine->evict_sync_locked();
-      const std::int64_t us = elapsed_us(start);
-      st.stall_us += us;
-      st.host_wait_us += us;
-      if (evicted) continue;
-    }
+    // Pages `out` already holds stay with this request while the cache is reclaimed or a region evicted.
+    if (free_some_locked(retried)) continue;
     give_back();
     throw_oom_locked(request);
   }
   return out;
+}
+
+// One rung of what a request that does not fit climbs: the blocks freed on other streams, then the idle cache,
+// least recently freed first (waiting for the other streams' blocks if that is what is left), then a synchronous
+// eviction (Note [Allocation under pressure] in residency.cpp). True when it freed something, so the request tries
+// again; false when nothing is left (out of memory). `retried` counts the request once in num_alloc_retries.
+bool caching_allocator::impl::free_some_locked(bool& retried) {
+  if (!retried) {
+    retried = true;
+    ++st.num_alloc_retries;
+    if (!pending.empty()) process_pending_locked(false);
+  }
+  if (reclaim_one_locked()) return true;
+  if (!pending.empty()) {  // blocks waiting on other streams: wait for them, then try again
+    process_pending_locked(true);
+    if (reclaim_one_locked()) return true;
+  }
+  if (!engine) return false;
+  const auto start = std::chrono::steady_clock::now();
+  const bool evicted = engine->evict_sync_locked();
+  const std::int64_t us = elapsed_us(start);
+  st.stall_us += us;
+  st.host_wait_us += us;
+  return evicted;
 }
 
 segment* caching_allocator::impl::new_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request) {
@@ -577,23 +585,8 @@ detail::device_chunk caching_allocator::impl::gather_chunk_locked(std::size_t n,
   bool retried = false;
   for (;;) {
     if (detail::device_chunk c = engine->take_chunk_locked(n << gran_shift)) return c;
-    if (!retried) {
-      retried = true;
-      ++st.num_alloc_retries;
-      if (!pending.empty()) process_pending_locked(false);
-    }
-    if (reclaim_one_locked()) continue;  // its pages join the pool, its chunk the spares: room either way
-    if (!pending.empty()) {
-      process_pending_locked(true);
-      if (reclaim_one_locked()) continue;
-    }
-    const auto start = std::chrono::steady_clock::now();
-    const bool evicted = engine->evict_sync_locked();  // Note [Allocation under pressure] (residency.cpp)
-    const std::int64_t us = elapsed_us(start);
-    st.stall_us += us;
-    st.host_wait_us += us;
-    if (evicted) continue;
-    throw_oom_locked(request);
+    // A reclaimed segment's pages join the pool, its chunk (or an evicted region's) the spares: room either way.
+    if (!free_some_locked(retried)) throw_oom_locked(request);
   }
 }
 

@@ -327,20 +327,22 @@ struct residency_engine::impl {
   // pooled pages, then spare chunks of other sizes (released), then the allocator's idle cache (reclaimed without
   // a host wait). False when there is none now.
   bool take_chunk(swap_region& r, move& m) {
-    for (bool reclaimed = false;;) {
-      if (const std::optional<device_chunk> c = take_pooled(spare_chunks, r.bytes)) {
-        spare_bytes -= r.bytes;
-        m.chunk = *c;
+    if (claim_chunk(r.bytes, m.chunk)) return true;
+    source.reclaim_idle(r.npages);  // a chunk-backed idle segment leaves a spare chunk of its own size
+    return claim_chunk(r.bytes, m.chunk);
+  }
+  // A spare chunk of `bytes` (in `out`), else room in the budget for a new one (`out` left empty), spare chunks of
+  // other sizes released for it, largest first (fewest releases). False when even that leaves no room.
+  bool claim_chunk(std::size_t bytes, device_chunk& out) {
+    for (;;) {
+      if (const std::optional<device_chunk> c = take_pooled(spare_chunks, bytes)) {
+        spare_bytes -= bytes;
+        out = *c;
         return true;
       }
-      if (source.take_room(r.npages)) return true;
-      if (!spare_chunks.empty()) {
-        release_spare(std::prev(spare_chunks.end()));  // the largest: fewest releases
-        continue;
-      }
-      if (reclaimed) return false;
-      reclaimed = true;
-      source.reclaim_idle(r.npages);  // a chunk-backed idle segment leaves a spare chunk of its own size
+      if (source.take_room(bytes / gran)) return true;
+      if (spare_chunks.empty()) return false;
+      release_spare(std::prev(spare_chunks.end()));
     }
   }
   // A new chunk, with its home VA when `home` (a segment's chunk gets one at its first prefetch: add_home).
@@ -717,7 +719,7 @@ struct residency_engine::impl {
     try {
       start_copy(r, *m, d2h);
     } catch (...) {
-      recycle(r, *m);
+      recycle(*m);
       throw;
     }
     begin(r, std::move(m), region_residency::moving_out);
@@ -798,8 +800,7 @@ struct residency_engine::impl {
     }
     if (m.to_device) drop_destination(r, m);
     r.state = m.to_device ? region_residency::host : region_residency::device;
-    spare_events.insert(spare_events.end(), m.fences.begin(), m.fences.end());
-    spare_events.insert(spare_events.end(), m.spare_fences.begin(), m.spare_fences.end());
+    recycle(m);
     end_move(r);
   }
 
@@ -812,9 +813,8 @@ struct residency_engine::impl {
     if (state == region_residency::moving_in) gate::set_incoming(r.id, true);  // Note [Waiting for a prefetch]
   }
 
-  // A move that failed to start: its destination and events go back to the pools.
-  void recycle(const swap_region& r, move& m) {
-    if (m.to_device) drop_destination(r, m);
+  // A move whose copy failed to start: its events go back to the pool.
+  void recycle(move& m) {
     spare_events.insert(spare_events.end(), m.fences.begin(), m.fences.end());
     spare_events.insert(spare_events.end(), m.spare_fences.begin(), m.spare_fences.end());
     if (m.done) spare_events.push_back(m.done);
@@ -1472,24 +1472,21 @@ std::size_t residency_engine::chunk_pages_locked() const noexcept {
 
 device_chunk residency_engine::take_chunk_locked(std::size_t bytes) {
   impl& m = *impl_;
-  if (const std::optional<device_chunk> c = impl::take_pooled(m.spare_chunks, bytes)) {
-    m.spare_bytes -= bytes;
-    return *c;
-  }
   const std::size_t n = bytes / m.gran;
   for (;;) {
-    if (m.source.take_room(n)) {
-      try {
-        return m.make_chunk(bytes, false);
-      } catch (const device_out_of_memory&) {  // the device is full (other processes): spares first, then the caller
-        m.source.give_room(n);
-      } catch (...) {
-        m.source.give_room(n);
-        throw;
-      }
+    device_chunk c;
+    if (!m.claim_chunk(bytes, c)) return {};
+    if (c) return c;
+    try {
+      return m.make_chunk(bytes, false);
+    } catch (const device_out_of_memory&) {  // the device is full (other processes): spares first, then the caller
+      m.source.give_room(n);
+    } catch (...) {
+      m.source.give_room(n);
+      throw;
     }
     if (m.spare_chunks.empty()) return {};
-    m.release_spare(std::prev(m.spare_chunks.end()));  // the largest: fewest releases
+    m.release_spare(std::prev(m.spare_chunks.end()));
   }
 }
 

@@ -219,7 +219,7 @@ struct caching_allocator::impl final : detail::page_source {
   [[nodiscard]] std::size_t held_bytes() const override { return static_cast<std::size_t>(st.device_bytes.current); }
   [[nodiscard]] std::size_t pooled_bytes() const override { return idle_pages.size() * gran; }
   [[nodiscard]] std::size_t idle_bytes() const override;
-  std::size_t reclaim_idle(std::size_t n) override;
+  void reclaim_idle(std::size_t n) override;
   void maintain() override;
   void start_engine_if_needed();
   // The mutex, for the program's allocate/deallocate: counts the calls that had to wait for it (the migration
@@ -924,7 +924,7 @@ void caching_allocator::impl::poll_fences_locked() {
   }
 }
 
-std::size_t caching_allocator::impl::reclaim_idle(std::size_t n) {
+void caching_allocator::impl::reclaim_idle(std::size_t n) {
   poll_fences_locked();
   segment* seg = idle.head;
   auto room = [&] {  // pages a request could have without reclaiming
@@ -934,11 +934,10 @@ std::size_t caching_allocator::impl::reclaim_idle(std::size_t n) {
   };
   while (seg && room() < n) {
     segment* next = seg->idle_hook.next;
-    if (reclaimable_now_locked(seg)) destroy_segment_locked(seg);  // its pages join idle_pages
+    if (reclaimable_now_locked(seg)) destroy_segment_locked(seg);  // its pages join the pool, its chunk the spares
     seg = next;
   }
   start_fences_locked();
-  return idle_pages.size();
 }
 
 // An asynchronous fence on each pool that has idle segments not yet fenced (Note [Unmap fences]), so that

@@ -122,8 +122,8 @@ class page_source {
   // Returns idle segments to the page pool (a chunk-backed one's chunk to the engine's spares), least recently
   // freed first, until `n` pages can be had (pooled pages, spare chunks, the budget's headroom), without a host
   // wait: only segments whose streams' work is known complete; for the others an event is recorded so that a later
-  // call can take them. Returns the pages pooled afterwards.
-  virtual std::size_t reclaim_idle(std::size_t n) = 0;
+  // call can take them.
+  virtual void reclaim_idle(std::size_t n) = 0;
   // Housekeeping the allocator does from the migration thread (retiring freed host-backed segments).
   virtual void maintain() = 0;
 };

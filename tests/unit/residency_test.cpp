@@ -1196,7 +1196,7 @@ TEST(ResidencyGate, EngineCopyStreamsAreInternal) {
     [[nodiscard]] std::size_t held_bytes() const override { return 0; }
     [[nodiscard]] std::size_t pooled_bytes() const override { return 0; }
     [[nodiscard]] std::size_t idle_bytes() const override { return 0; }
-    std::size_t reclaim_idle(std::size_t) override { return 0; }
+    void reclaim_idle(std::size_t) override {}
     void maintain() override {}
   } pages;
   const stream_handle program = port.create_stream();

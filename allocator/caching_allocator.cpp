@@ -511,6 +511,7 @@ bool caching_allocator::impl::free_some_locked(bool& retried) {
 }
 
 segment* caching_allocator::impl::new_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request) {
+  const auto start = std::chrono::steady_clock::now();
   const std::size_t n = bytes >> gran_shift;
   std::vector<phys_handle> pages = gather_pages_locked(n, request);
   device_ptr va = 0;
@@ -539,12 +540,14 @@ segment* caching_allocator::impl::new_segment_locked(stream_pool* pool, std::siz
   segment* s = seg.release();
   segments.insert(s);
   set_owner_locked(va, n, s);
+  st.segment_new_ns += elapsed_ns(start);
   return s;
 }
 
 // Note [Chunks] (residency.cpp): with the residency engine, a large segment is one physical allocation (a chunk),
 // mapped in one call: VMM calls cost per mapping, and under a tight budget segments come and go every step.
 segment* caching_allocator::impl::new_chunk_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request) {
+  const auto start = std::chrono::steady_clock::now();
   const std::size_t n = bytes >> gran_shift;
   const detail::device_chunk chunk = gather_chunk_locked(n, request);
   device_ptr va = 0;
@@ -572,6 +575,7 @@ segment* caching_allocator::impl::new_chunk_segment_locked(stream_pool* pool, st
   segments.insert(s);
   set_owner_locked(va, n, s);
   s->swap = engine->add_locked(s->region, va, bytes, chunk);
+  st.segment_new_ns += elapsed_ns(start);
   return s;
 }
 
@@ -606,6 +610,7 @@ void caching_allocator::impl::fence_locked(segment* seg) {
 }
 
 void caching_allocator::impl::destroy_segment_locked(segment* seg) {
+  const auto start = std::chrono::steady_clock::now();
   if (seg->slab) {
     seg->pool->partial[seg->cls].erase(seg);
   } else if (seg->npages() < seg->pool->free_by_pages.size()) {
@@ -634,6 +639,7 @@ void caching_allocator::impl::destroy_segment_locked(segment* seg) {
   }
   segments.erase(seg);
   delete seg;
+  st.segment_destroy_ns += elapsed_ns(start);
 }
 
 // Destroys one idle segment: the least recently freed one whose streams' work is known complete (no wait), else
@@ -644,11 +650,13 @@ bool caching_allocator::impl::reclaim_one_locked() {
   for (segment* seg = idle.head; seg; seg = seg->idle_hook.next) {
     if (!reclaimable_now_locked(seg)) continue;
     destroy_segment_locked(seg);
+    ++st.num_reclaims;
     return true;
   }
   segment* seg = idle.head;
   fence_locked(seg);
   destroy_segment_locked(seg);
+  ++st.num_reclaims;
   return true;
 }
 
@@ -934,7 +942,10 @@ void caching_allocator::impl::reclaim_idle(std::size_t n) {
   };
   while (seg && room() < n) {
     segment* next = seg->idle_hook.next;
-    if (reclaimable_now_locked(seg)) destroy_segment_locked(seg);  // its pages join the pool, its chunk the spares
+    if (reclaimable_now_locked(seg)) {  // its pages join the pool, its chunk the spares
+      destroy_segment_locked(seg);
+      ++st.num_engine_reclaims;
+    }
     seg = next;
   }
   start_fences_locked();
@@ -1093,6 +1104,8 @@ void caching_allocator::reset_accumulated_stats() {
   impl_->st.num_device_alloc = impl_->st.num_device_free = impl_->st.num_host_waits = 0;
   impl_->st.host_wait_us = impl_->st.stall_us = 0;
   impl_->st.num_calls = impl_->st.call_ns = 0;
+  impl_->st.num_reclaims = impl_->st.num_engine_reclaims = 0;
+  impl_->st.segment_new_ns = impl_->st.segment_destroy_ns = 0;
 }
 
 bool caching_allocator::owns(const void* ptr) const noexcept {

@@ -62,6 +62,10 @@ struct allocator_stats {
   std::int64_t num_calls = 0;         // allocate/deallocate calls
   std::int64_t call_ns = 0;           // ... and the time spent inside them, lock waits included
   std::int64_t num_foreign_frees = 0; // deallocate() of pointers this allocator does not own
+  std::int64_t num_reclaims = 0;      // idle segments destroyed for an allocation (its pages or chunk reused)
+  std::int64_t num_engine_reclaims = 0;  // ... for a prefetch of the residency engine (page_source::reclaim_idle)
+  std::int64_t segment_new_ns = 0;    // time making segments (memory gathered, mapped), reclaims and evictions included
+  std::int64_t segment_destroy_ns = 0;  // time destroying segments (unmapped, memory pooled)
 };
 
 class caching_allocator {

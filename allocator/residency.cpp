@@ -343,6 +343,7 @@ struct residency_engine::impl {
       if (source.take_room(bytes / gran)) return true;
       if (spare_chunks.empty()) return false;
       release_spare(std::prev(spare_chunks.end()));
+      ++st.chunks_released_for_size;
     }
   }
   // A new chunk, with its home VA when `home` (a segment's chunk gets one at its first prefetch: add_home).
@@ -1478,7 +1479,9 @@ device_chunk residency_engine::take_chunk_locked(std::size_t bytes) {
     if (!m.claim_chunk(bytes, c)) return {};
     if (c) return c;
     try {
-      return m.make_chunk(bytes, false);
+      device_chunk made = m.make_chunk(bytes, false);
+      ++m.st.chunks_for_segments;
+      return made;
     } catch (const device_out_of_memory&) {  // the device is full (other processes): spares first, then the caller
       m.source.give_room(n);
     } catch (...) {
@@ -1487,6 +1490,7 @@ device_chunk residency_engine::take_chunk_locked(std::size_t bytes) {
     }
     if (m.spare_chunks.empty()) return {};
     m.release_spare(std::prev(m.spare_chunks.end()));
+    ++m.st.chunks_released_for_size;
   }
 }
 
@@ -1502,6 +1506,7 @@ std::size_t residency_engine::release_spare_locked(std::size_t pages) {
     // The smallest spare that covers what is still wanted, else the largest.
     auto it = m.spare_chunks.lower_bound(want - (before - m.spare_bytes));
     m.release_spare(it == m.spare_chunks.end() ? std::prev(it) : it);
+    ++m.st.chunks_released_for_pages;
   }
   return (before - m.spare_bytes) / m.gran;
 }

@@ -83,6 +83,9 @@ struct residency_stats {
   std::int64_t remap_out_us = 0;       // ... of which remaps to the host
   std::int64_t chunks_created = 0;     // device chunks created (Note [Chunks] in residency.cpp)
   std::int64_t chunks_released = 0;    // ... and released (to make room for other sizes, or to the allocator)
+  std::int64_t chunks_for_segments = 0;      // ... of the created: for new large segments (take_chunk_locked)
+  std::int64_t chunks_released_for_size = 0; // ... of the released: spares that made room for a chunk of another size
+  std::int64_t chunks_released_for_pages = 0;  // ... spares released for the allocator (release_spare_locked)
   std::int64_t spare_bytes = 0;        // device bytes in spare chunks now
   bool active = false;                 // whether the engine moves regions (a fed gate or without_tracker)
 };

@@ -22,6 +22,13 @@ COLUMNS = [
 ]
 # Allocator counters per timed step, from the two statistics snapshots swap.py keeps.
 CHURN = [("segs", "segments.allocated"), ("phys", "num_device_alloc")]
+# The churn's causes, per timed step, in a second table: (column, key, format); a key matches a flattened name
+# equal to it or ending in "." + it (the residency engine's figures sit under "residency.").
+CAUSES = [("segs", "segments.allocated", "{:.0f}"), ("new s", "segment_new_s", "{:.3f}"),
+          ("del s", "segment_destroy_s", "{:.3f}"), ("reclaim", "num_reclaims", "{:.0f}"),
+          ("by policy", "num_engine_reclaims", "{:.0f}"), ("chunks", "chunks_created", "{:.0f}"),
+          ("for segs", "chunks_for_segments", "{:.0f}"), ("released", "chunks_released", "{:.0f}"),
+          ("for size", "chunks_released_for_size", "{:.0f}"), ("for pages", "chunks_released_for_pages", "{:.0f}")]
 
 
 def _flat(d, prefix=""):
@@ -46,8 +53,18 @@ def rows(res):
         a, b = _flat(snaps.get("after_warmup")), _flat(snaps.get("end"))
         for name, key in CHURN:
             row[name] = f"{(b[key] - a.get(key, 0)) / steps:.0f}" if key in b and steps > 0 else "-"
+        for name, key, fmt in CAUSES:
+            k = next((n for n in b if n == key or n.endswith("." + key)), None)
+            row["c:" + name] = fmt.format((b[k] - a.get(k, 0)) / steps) if k and steps > 0 else "-"
         out.append(row)
     return out
+
+
+def print_table(table, names, label=lambda n: n):
+    widths = {n: max(len(label(n)), *(len(r[n]) for r in table)) for n in names}
+    print("  ".join(label(n).rjust(widths[n]) if n != "case" else label(n).ljust(widths[n]) for n in names))
+    for r in table:
+        print("  ".join(r[n].rjust(widths[n]) if n != "case" else r[n].ljust(widths[n]) for n in names))
 
 
 def main(argv=None):
@@ -62,6 +79,7 @@ def main(argv=None):
                                               "end": {"segments": {"allocated": 60}}}}]}
         (r,) = rows(res)
         assert r["step"] == "0.250" and r["alloc"] == "0.013" and r["segs"] == "5" and r["lock"] == "-", r
+        assert r["c:segs"] == "5" and r["c:new s"] == "-", r
         print("swap_stats self-test: ok")
         return 0
     with open(a.json) as fh:
@@ -70,15 +88,17 @@ def main(argv=None):
     if not table:
         print("no cases", file=sys.stderr)
         return 1
-    names = ["case"] + [c[0] for c in COLUMNS] + [c[0] for c in CHURN]
-    widths = {n: max(len(n), *(len(r[n]) for r in table)) for n in names}
-    print("  ".join(n.rjust(widths[n]) if n != "case" else n.ljust(widths[n]) for n in names))
-    for r in table:
-        print("  ".join(r[n].rjust(widths[n]) if n != "case" else r[n].ljust(widths[n]) for n in names))
+    print_table(table, ["case"] + [c[0] for c in COLUMNS] + [c[0] for c in CHURN])
     print("seconds per step; cpu: the launching thread's CPU time (spin waits included); launch: kernel launch calls; "
           "alloc: allocator calls; lock: their mutex waits; wait: launches waiting for prefetches; host: the "
           "allocator's host waits; policy: the policy holding the mutex; vmm: the migration thread's map/unmap/access; "
           "evict, chunks, segs, phys: evictions, chunks made, segments made, physical allocations made per step")
+    print()
+    print_table(table, ["case"] + ["c:" + c[0] for c in CAUSES], label=lambda n: n[2:] if n.startswith("c:") else n)
+    print("per step: segs: segments made; new s, del s: seconds making and destroying them (on the allocating thread: "
+          "reclaims and evictions included in new s); reclaim: idle segments destroyed for an allocation; by policy: "
+          "... for a prefetch; chunks: chunks made, for segs: of which for new segments; released: chunks released, "
+          "for size: to make room for another size, for pages: for the allocator's pages")
     return 0
 
 

@@ -62,6 +62,10 @@ py::dict stats_dict(const allocator_stats& s) {
   d["num_calls"] = s.num_calls;
   d["call_s"] = static_cast<double>(s.call_ns) * 1e-9;
   d["num_foreign_frees"] = s.num_foreign_frees;
+  d["num_reclaims"] = s.num_reclaims;
+  d["num_engine_reclaims"] = s.num_engine_reclaims;
+  d["segment_new_s"] = static_cast<double>(s.segment_new_ns) * 1e-9;
+  d["segment_destroy_s"] = static_cast<double>(s.segment_destroy_ns) * 1e-9;
   return d;
 }
 
@@ -97,6 +101,9 @@ py::dict residency_dict(const residency_stats& r) {
   d["chunks_created"] = r.chunks_created;
   d["chunks_released"] = r.chunks_released;
   d["spare_bytes"] = r.spare_bytes;
+  d["chunks_for_segments"] = r.chunks_for_segments;
+  d["chunks_released_for_size"] = r.chunks_released_for_size;
+  d["chunks_released_for_pages"] = r.chunks_released_for_pages;
   if (r.launches_counted) {
     d["hit_rate"] = 1.0 - static_cast<double>(r.launches_missed) / static_cast<double>(r.launches_counted);
   } else {

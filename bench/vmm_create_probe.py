@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""What a chunk's life costs on the launching thread: cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap and
+cuMemRelease of one device allocation, by size (median of --reps), on an idle GPU. A large segment the allocator
+makes under a tight budget pays create + map + access, and its destruction unmap (+ release when its chunk does not
+fit the next request): residency.cpp, Note [Chunks]. Prints a table and writes JSON to --out."""
+import argparse
+import ctypes
+import json
+import time
+
+import torch
+
+from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOCATION_TYPE_PINNED, \
+    CU_MEM_LOCATION_TYPE_DEVICE, Access, Loc, Prop
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", default="2,8,22,32,128", help="chunk sizes in MiB, comma-separated")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--out", default="vmm_create_probe.json")
+    a = ap.parse_args()
+    torch.zeros(1, device="cuda")
+    cu = ctypes.CDLL("libcuda.so.1")
+
+    def ck(r, what):
+        if r != 0:
+            raise RuntimeError(f"{what} failed: {r}")
+
+    dev = torch.cuda.current_device()
+    gran = 2 << 20
+    sizes = [int(x) << 20 for x in a.mib.split(",")]
+    va = ctypes.c_ulonglong()
+    ck(cu.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(max(sizes)), ctypes.c_size_t(gran),
+                              ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)), "reserve")
+    acc = Access(Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev), CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+    prop = Prop()
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location = Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev)
+    out = []
+    for size in sizes:
+        rows = {k: [] for k in ("create", "map", "set_access", "unmap", "release")}
+        for _ in range(a.reps):
+            h = ctypes.c_ulonglong()
+            t0 = time.perf_counter()
+            ck(cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(size), ctypes.byref(prop), ctypes.c_ulonglong(0)),
+               "create")
+            t1 = time.perf_counter()
+            ck(cu.cuMemMap(va, ctypes.c_size_t(size), ctypes.c_size_t(0), h, ctypes.c_ulonglong(0)), "map")
+            t2 = time.perf_counter()
+            ck(cu.cuMemSetAccess(va, ctypes.c_size_t(size), ctypes.byref(acc), ctypes.c_size_t(1)), "access")
+            t3 = time.perf_counter()
+            ck(cu.cuMemUnmap(va, ctypes.c_size_t(size)), "unmap")
+            t4 = time.perf_counter()
+            ck(cu.cuMemRelease(h), "release")
+            t5 = time.perf_counter()
+            for k, dt in zip(rows, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+                rows[k].append(dt * 1e3)
+        med = {k: sorted(v)[len(v) // 2] for k, v in rows.items()}
+        out.append({"mib": size >> 20, "median_ms": med})
+        print(f"{size >> 20:4d} MiB: " + "  ".join(f"{k} {v:.3f}" for k, v in med.items()) + " ms")
+    with open(a.out, "w") as fh:
+        json.dump({"device": torch.cuda.get_device_name(), "chunks": out}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -292,6 +292,8 @@ struct residency_engine::impl {
   std::atomic<forecast_source*> forecaster{nullptr};
   std::mutex tick_mutex;  // serializes tick() (the thread, and tests calling it)
   forecast fc;            // guarded by tick_mutex
+  // The policy's scratch: each group's entries in the forecast, in order (kept to reuse its memory).
+  std::unordered_map<std::uint32_t, std::vector<std::size_t>> group_entries;
   std::thread thread;
   std::mutex wake_mutex;
   std::condition_variable wake_cv;
@@ -1129,7 +1131,12 @@ struct residency_engine::impl {
     max_transient = std::max(max_transient, transient_bytes());
     const std::size_t capacity = budget > max_transient ? budget - max_transient : 0;
 
-    // The wanted set: the forecast from the front, whole groups, within capacity and LAYERSWAP_PREFETCH.
+    // The wanted set: the forecast from the front, whole groups, within capacity and LAYERSWAP_PREFETCH. Each
+    // group's entries are indexed first, in one pass: a round then costs O(forecast), not O(forecast^2).
+    for (auto& [g, entries] : group_entries) entries.clear();
+    for (std::size_t i = 0; i < f.upcoming.size(); ++i) {
+      if (f.upcoming[i].group != 0) group_entries[f.upcoming[i].group].push_back(i);
+    }
     std::unordered_set<region_id> wanted;
     std::vector<swap_region*> order;
     std::size_t bytes = 0;
@@ -1146,8 +1153,8 @@ struct residency_engine::impl {
       };
       add(f.upcoming[i]);
       if (g != 0) {
-        for (std::size_t k = i + 1; k < f.upcoming.size(); ++k) {
-          if (f.upcoming[k].group == g) add(f.upcoming[k]);
+        for (std::size_t k : group_entries[g]) {
+          if (k > i) add(f.upcoming[k]);
         }
       }
       std::size_t run_bytes = 0;

@@ -532,9 +532,65 @@ def self_test_parent():
     return 10
 
 
+def self_test_rounds():
+    """--rounds: the peer case's sides run again in rotating order; each side's step is the mean of its runs, the
+    resident mean feeds every case's bound, a capped peer that needed more runs uncapped at once later, and a
+    later layerswap run with other losses marks the case."""
+    import contextlib
+    import io
+
+    groups = [{"name": f"layer.{i}", "frozen_bytes": 200, "trainable_bytes": 4, "grad_bytes": 4, "state_bytes": 8,
+               "bwd_reads": True} for i in range(4)]
+    losses = [float(x).hex() for x in (2.5, 2.25, 2.0)]
+    calls = []
+    times = {"resident": iter([0.10, 0.12, 0.14, 0.16]), "layerswap": iter([0.20, 0.30, 0.40]),
+             "block_swap": iter([0.5, 0.7, 0.9]), "accelerate_cpu_offload": iter([1.0, 2.0, 3.0])}
+
+    class FakeRunner:
+        def __init__(self, args, tmpdir):
+            pass
+
+        def run(self, side, run_cfg=None, env=None, tag=None, **extra):
+            calls.append((side, bool(extra.get("enforce_cap"))))
+            if side == "h2d":
+                return {"device": "Fake GPU", "h2d_gbps": 1.0, "d2h_gbps": 1.0, "torch": "x", "cuda": "y"}
+            if side == "accelerate_cpu_offload" and extra.get("enforce_cap"):
+                return {"error": "OutOfMemoryError: CUDA out of memory", "oom": True}
+            t = next(times[side])
+            hexes = losses if not (side == "layerswap" and t == 0.40) else losses[:2] + ["0x1.0p+0"]
+            out = {"train": {"losses_hex": hexes, "median_step_s": t, "step_times_s": [t] * 3, "warmup": 1},
+                   "peak_reserved": 10, "peak_allocated": 10 ** 4, "peer_plan": {}}
+            if side == "resident":
+                out.update({"groups": groups, "transient_bytes": 100, "params": 1, "device": "Fake GPU"})
+            return out
+
+    args = parse_args(["--cases", "llama-lora:0.25", "--margin-mib", "0", "--rounds", "3"])
+    with contextlib.redirect_stdout(io.StringIO()) as text:
+        res = run_all(args, runner_class=FakeRunner)
+        print_table(res)
+    (c,) = res["cases"]
+    order = [side for side, _ in calls[1:]]
+    assert order == ["resident", "layerswap", "block_swap", "accelerate_cpu_offload", "accelerate_cpu_offload",
+                     "resident",  # resident again, then round 2 from the second side, round 3 from the third
+                     "layerswap", "block_swap", "accelerate_cpu_offload", "resident",
+                     "block_swap", "accelerate_cpu_offload", "resident", "layerswap"], order
+    assert [capped for side, capped in calls if side == "accelerate_cpu_offload"] == [True, False, False, False]
+    model = res["models"]["llama-lora"]
+    assert model["resident_step_s_runs"] == [0.10, 0.12, 0.14, 0.16] and abs(c["resident_step_s"] - 0.13) < 1e-12
+    assert c["step_s_runs"] == [0.20, 0.30, 0.40] and abs(c["step_s"] - 0.30) < 1e-12
+    assert abs(c["bound_s"] - 0.13) < 1e-12 and abs(c["step_over_bound"] - 0.30 / 0.13) < 1e-12, c
+    assert c["losses_bitwise_equal"] is False and c["errors_rounds"], c
+    bs = c["peers"]["block_swap"]
+    assert bs["step_s_runs"] == [0.5, 0.7, 0.9] and abs(bs["layerswap_speedup"] - 0.7 / 0.3) < 1e-12, bs
+    assert c["peers"]["accelerate_cpu_offload"]["step_s_runs"] == [1.0, 2.0, 3.0]
+    assert "over 3 rounds" in text.getvalue()
+    return 9
+
+
 def self_test():
     passed = failed = 0
     for name, fn in (("bound and budget", self_test_bound), ("parent (fake workers)", self_test_parent),
+                     ("rounds (fake workers)", self_test_rounds), ("merge", self_test_merge),
                      ("block swapper", self_test_swapper)):
         try:
             n = fn()
@@ -1115,6 +1171,7 @@ def run_all(args, save=lambda res: None, runner_class=None):
                 transient = resident.get("transient_bytes", max(0, peak - movable))
                 model["transient_naive_bytes"] = max(0, peak - movable)
             model["transient_bytes"] = transient
+            rounds_case = None  # the peer case, which --rounds repeats
             for f in fractions:
                 budget = swap_budget(f, movable, transient, margin)
                 bel = belady_traffic(groups, budget["capacity_bytes"])
@@ -1134,6 +1191,7 @@ def run_all(args, save=lambda res: None, runner_class=None):
                         fill_layerswap(c, ls, resident)
                 if case in peer_cases and math.isclose(f, args.peer_fraction):
                     peer_plan = {"capacity_bytes": budget["capacity_bytes"], "movable_bytes": movable}
+                    rounds_case = (c, budget, peer_plan, f)
                     for peer in PEERS:
                         if peer in sides:
                             c["peers"][peer] = run_peer(runner, peer, run_cfg, budget, peer_plan, resident, cuda,
@@ -1147,7 +1205,67 @@ def run_all(args, save=lambda res: None, runner_class=None):
                 again = runner.run("resident", run_cfg, tag=f"{case} resident again")
                 rerun_resident(res, case, model, median_step(again), again.get("error"))
                 save(res)
+            if cuda and args.rounds > 1 and rounds_case is not None:
+                more_rounds(runner, args, res, case, model, run_cfg, resident, rounds_case, sides)
+                save(res)
     return res
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def more_rounds(runner, args, res, case, model, run_cfg, resident, rounds_case, sides):
+    """--rounds N: the peer case's sides (resident, layerswap, the peers) run N - 1 more times each, in rounds whose
+    order rotates, so that the GPU machine's drift (its speed changes by 10-25% over a minute, even inside one
+    process: bench/interference_probe.py) falls on every side alike. Each side's step becomes the mean of its runs'
+    medians; the runs stay in step_s_runs (resident_step_s_runs for the resident side, whose mean every case of the
+    model then uses for its bound). A run whose losses differ from the first resident run's makes its side's
+    losses_bitwise_equal false."""
+    c, budget, peer_plan, fraction = rounds_case
+    runs = {"resident": list(model.get("resident_step_s_runs") or [model["resident_step_s"]]),
+            "layerswap": [c.get("step_s")]}
+    names = ["resident"] + (["layerswap"] if "layerswap" in sides else [])
+    for peer in PEERS:
+        if peer in c["peers"]:
+            runs[peer] = [c["peers"][peer].get("step_s")]
+            names.append(peer)
+    for k in range(1, args.rounds):
+        shift = k % len(names)
+        for name in names[shift:] + names[:shift]:
+            tag = f"{case} {name} {fraction:g} round {k + 1}"
+            if name == "resident":
+                r = runner.run("resident", run_cfg, tag=tag)
+                runs["resident"].append(median_step(r))
+                if compare_losses(resident, r)[0] is False:
+                    model.setdefault("notes_rounds", []).append(f"resident round {k + 1}: losses differ from round 1")
+            elif name == "layerswap":
+                r = runner.run("layerswap", run_cfg, env=worker_env(budget["budget_bytes"], args.ls_env), tag=tag,
+                               budget_bytes=budget["budget_bytes"])
+                runs["layerswap"].append(median_step(r))
+                if compare_losses(resident, r)[0] is not True:
+                    c["losses_bitwise_equal"] = False
+                    c.setdefault("errors_rounds", []).append(r.get("error") or f"round {k + 1}: losses differ")
+            else:
+                p = run_peer(runner, name, run_cfg, budget, peer_plan, resident, True, case, fraction,
+                             capped=c["peers"][name].get("cap_enforced", True))
+                runs[name].append(p.get("step_s"))
+                if p.get("losses_bitwise_equal") is not True:
+                    c["peers"][name]["losses_bitwise_equal"] = False
+    model["resident_step_s_runs"] = runs["resident"]
+    model["rounds"] = args.rounds
+    set_resident(res, case, model, _mean(runs["resident"]))
+    if "layerswap" in runs and c.get("step_s") is not None:
+        c["step_s_runs"] = runs["layerswap"]
+        c["step_s"] = _mean(runs["layerswap"])
+        if c.get("bound_s"):
+            c["step_over_bound"] = c["step_s"] / c["bound_s"]
+    for peer, p in c["peers"].items():
+        p["step_s_runs"] = runs.get(peer)
+        p["step_s"] = _mean(runs.get(peer) or [])
+        if p.get("step_s") and c.get("step_s"):
+            p["layerswap_speedup"] = p["step_s"] / c["step_s"]
 
 
 def rerun_resident(res, case, model, second_s, error):
@@ -1160,7 +1278,13 @@ def rerun_resident(res, case, model, second_s, error):
     if error or second_s is None or first_s is None:
         model["resident_again_error"] = error or "no step time"
         return
-    model["resident_step_s"] = (first_s + second_s) / 2
+    set_resident(res, case, model, (first_s + second_s) / 2)
+
+
+def set_resident(res, case, model, step_s):
+    """The model's resident step becomes `step_s` (a mean of runs): every case of the model takes it, with its
+    bound_s and step_over_bound."""
+    model["resident_step_s"] = step_s
     for c in res["cases"]:
         if c["model"] != case:
             continue
@@ -1207,11 +1331,14 @@ def fill_layerswap(c, ls, resident):
         c["step_over_bound"] = c["step_s"] / c["bound_s"]
 
 
-def run_peer(runner, peer, run_cfg, budget, peer_plan, resident, cuda, case, fraction):
+def run_peer(runner, peer, run_cfg, budget, peer_plan, resident, cuda, case, fraction, capped=True):
+    """One run of a peer at the case's cap; one that runs out of memory under it runs again without it (recorded
+    so). capped=False skips the capped attempt (a later round of a peer known to need more)."""
     cap = budget["budget_bytes"]
     common = dict(cap_bytes=cap, peer_plan=peer_plan)
-    r = runner.run(peer, run_cfg, tag=f"{case} {peer} {fraction:g}", enforce_cap=cuda, **common)
-    capped = cuda
+    capped = cuda and capped
+    suffix = "" if capped or not cuda else " (no cap)"
+    r = runner.run(peer, run_cfg, tag=f"{case} {peer} {fraction:g}{suffix}", enforce_cap=capped, **common)
     first_error = None
     if cuda and r.get("oom"):
         first_error = r.get("error")
@@ -1271,7 +1398,10 @@ def print_table(res):
               f"{gb(m.get('movable_bytes'), 'B')}, transient {gb(m.get('transient_bytes'), 'B')}{naive}; resident step "
               f"{sec(m.get('resident_step_s'))} s, peak allocated {gb(m.get('resident_peak_allocated'), 'B')}")
         runs = m.get("resident_step_s_runs")
-        if runs and None not in runs:
+        if runs and None not in runs and len(runs) > 2:
+            print(f"    resident runs: {', '.join(sec(x) for x in runs)} s over {m.get('rounds')} rounds; the mean is "
+                  f"the resident step")
+        elif runs and None not in runs:
             print(f"    resident run before and after the other sides: {sec(runs[0])} s, {sec(runs[1])} s "
                   f"(spread {abs(runs[0] - runs[1]) / min(runs) * 100:.0f}%); the mean is the resident step")
     print()
@@ -1337,6 +1467,9 @@ def parse_args(argv=None):
     p.add_argument("--resident-again", action=argparse.BooleanOptionalAction, default=True,
                    help="on a GPU, run each model's resident side again after its other sides and take the mean of "
                         "both runs as the resident step (default on; the GPU's speed drifts between runs)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="on a GPU, run the peer case's sides (resident, layerswap, peers) this many times each, in "
+                        "rounds of rotating order, and take each side's mean (default 1)")
     p.add_argument("--deadline", type=int, default=None,
                    help="seconds for the whole run: a worker gets at most the time left, and one that would start "
                         "with less than 20 s left is skipped and recorded so (default 540 on a GPU, 0 = none on a "
@@ -1348,6 +1481,8 @@ def parse_args(argv=None):
                    help="diagnostic: profile N timed steps of the sides without layerswap with torch.profiler and "
                         "report their device busy time (slows those steps; not for the recorded results)")
     p.add_argument("--self-test", action="store_true", help="run the CPU self-tests and exit")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="merge result files of runs of different models on one device into --out, and exit")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     q = args.quick
@@ -1373,12 +1508,66 @@ def parse_args(argv=None):
     return args
 
 
+def merge_results(results, names):
+    """One result from runs of different models on the same device (a full run can outlast one 10-minute call):
+    the first run's fields, every run's cases and models, and each run's date, H2D/D2H bandwidth and cases under
+    "runs". Each case keeps the bound its own run computed (with that run's H2D bandwidth)."""
+    import copy
+    merged = copy.deepcopy(results[0])
+    merged["runs"] = []
+    for name, r in zip(names, results):
+        if r.get("device") != merged.get("device"):
+            raise ValueError(f"{name}: device {r.get('device')!r}, not {merged.get('device')!r}: runs on different "
+                             f"devices do not merge")
+        merged["runs"].append({"file": str(name), "date": r.get("date"), "h2d_gbps": r.get("h2d_gbps"),
+                               "d2h_gbps": r.get("d2h_gbps"), "wall_s": r.get("wall_s"),
+                               "cases": [f"{c['model']} {c['budget_fraction']:g}" for c in r.get("cases", [])]})
+        if r is results[0]:
+            continue
+        both = set(r.get("models", {})) & set(merged.get("models", {}))
+        if both:
+            raise ValueError(f"{name}: model(s) {', '.join(sorted(both))} already in an earlier run")
+        merged["models"].update(r.get("models", {}))
+        merged["cases"].extend(r.get("cases", []))
+        merged["notes"] = merged.get("notes", []) + [n for n in r.get("notes", []) if n not in merged.get("notes", [])]
+    merged["wall_s"] = sum(r.get("wall_s") or 0 for r in results)
+    return merged
+
+
+def self_test_merge():
+    a = {"device": "G", "date": "1", "h2d_gbps": 50.0, "models": {"m1": {}}, "notes": ["x"],
+         "cases": [{"model": "m1", "budget_fraction": 0.5}], "wall_s": 10}
+    b = {"device": "G", "date": "2", "h2d_gbps": 52.0, "models": {"m2": {}}, "notes": ["x", "y"],
+         "cases": [{"model": "m2", "budget_fraction": 0.1}], "wall_s": 5}
+    m = merge_results([a, b], ["a.json", "b.json"])
+    assert [c["model"] for c in m["cases"]] == ["m1", "m2"] and set(m["models"]) == {"m1", "m2"}
+    assert m["h2d_gbps"] == 50.0 and [r["h2d_gbps"] for r in m["runs"]] == [50.0, 52.0] and m["wall_s"] == 15
+    assert m["runs"][1]["cases"] == ["m2 0.1"] and m["notes"] == ["x", "y"] and "runs" not in a
+    for bad in ({**b, "device": "H"}, {**b, "models": {"m1": {}}}):
+        try:
+            merge_results([a, bad], ["a", "bad"])
+        except ValueError:
+            continue
+        raise AssertionError("merged runs that must not merge")
+    return 6
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         return run_worker(args.worker)
     if args.self_test:
         return self_test()
+    if args.merge:
+        try:
+            res = merge_results([json.loads(pathlib.Path(f).read_text()) for f in args.merge], args.merge)
+        except (OSError, ValueError) as e:
+            print(f"swap.py --merge: {e}", file=sys.stderr)
+            return 2
+        pathlib.Path(args.out).write_text(json.dumps(res, indent=1, default=str) + "\n")
+        print_table(res)
+        print(f"\nwrote {args.out} (merged from {', '.join(args.merge)})")
+        return 0
     t0 = time.perf_counter()
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

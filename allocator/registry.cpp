@@ -164,7 +164,8 @@ std::string stats_report() {
     std::snprintf(line, sizeof line,
                   "layerswap: device %d: budget %s; device memory held %s (peak %s); allocated %s (peak %s) in %lld "
                   "allocations; %lld segments; cached %s; physical allocations made %lld, released %lld; reclaim "
-                  "retries %lld, host waits %lld, OOMs %lld; %.3f s in %lld allocate/free calls\n",
+                  "retries %lld, host waits %lld, OOMs %lld; %.3f s in %lld allocate/free calls; idle segments reclaimed %lld "
+                  "for allocations, %lld for prefetches\n",
                   st.device, st.budget ? format_bytes(st.budget).c_str() : "none",
                   format_bytes(static_cast<std::uint64_t>(st.device_bytes.current)).c_str(),
                   format_bytes(static_cast<std::uint64_t>(st.device_bytes.peak)).c_str(),
@@ -175,7 +176,8 @@ std::string stats_report() {
                   static_cast<long long>(st.num_device_alloc), static_cast<long long>(st.num_device_free),
                   static_cast<long long>(st.num_alloc_retries), static_cast<long long>(st.num_host_waits),
                   static_cast<long long>(st.num_ooms), static_cast<double>(st.call_ns) * 1e-9,
-                  static_cast<long long>(st.num_calls));
+                  static_cast<long long>(st.num_calls), static_cast<long long>(st.num_reclaims),
+                  static_cast<long long>(st.num_engine_reclaims));
     out += line;
     const residency_stats r = a->residency();
     if (r.evictions || r.prefetches || r.abandoned || r.host_bytes) {

@@ -245,6 +245,7 @@ TEST(Allocator, PeakAndAccumulatedStatsReset) {
   alloc.deallocate(a);
   EXPECT_EQ(alloc.stats().num_calls, 3) << "two allocations and a free";
   EXPECT_GT(alloc.stats().call_ns, 0);
+  EXPECT_GT(alloc.stats().segment_new_ns, 0) << "two segments were made";
   EXPECT_EQ(alloc.stats().all.allocated_bytes.peak, static_cast<std::int64_t>(24 * k_mib));
   alloc.reset_peak_stats();
   EXPECT_EQ(alloc.stats().all.allocated_bytes.peak, static_cast<std::int64_t>(4 * k_mib));
@@ -252,6 +253,7 @@ TEST(Allocator, PeakAndAccumulatedStatsReset) {
   alloc.reset_accumulated_stats();
   EXPECT_EQ(alloc.stats().all.allocated_bytes.allocated, 0);
   EXPECT_EQ(alloc.stats().num_calls, 0);
+  EXPECT_EQ(alloc.stats().segment_new_ns, 0);
   EXPECT_EQ(alloc.stats().all.allocated_bytes.current, static_cast<std::int64_t>(4 * k_mib));
   alloc.deallocate(b);
   alloc.verify();

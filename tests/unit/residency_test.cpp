@@ -229,8 +229,10 @@ TEST(Residency, ChunksAreReusedBySizeAndReleasedForTheBudget) {
   // spare held: the allocator releases spares before it reclaims or evicts anything.
   h.go_out(a);
   creates = h.sim.num_creates();
+  const std::int64_t for_segments = h.alloc.residency().chunks_for_segments;
   void* b = h.written(6 * MiB, 0x33);
   EXPECT_EQ(h.sim.num_creates(), creates);
+  EXPECT_EQ(h.alloc.residency().chunks_for_segments, for_segments) << "the spare served the segment";
   h.alloc.deallocate(b);
   h.alloc.empty_cache();  // b's chunk becomes a spare, then is released
   EXPECT_EQ(h.alloc.residency().spare_bytes, 0);
@@ -239,6 +241,8 @@ TEST(Residency, ChunksAreReusedBySizeAndReleasedForTheBudget) {
   void* c = h.written(12 * MiB, 0x44);
   const residency_stats st = h.alloc.residency();
   EXPECT_GE(st.chunks_released, 1);
+  EXPECT_GE(st.chunks_released_for_size, 1) << "a's spare made room for the 12 MiB chunk";
+  EXPECT_EQ(st.chunks_for_segments, for_segments + 1);
   EXPECT_EQ(st.spare_bytes, 0);
   EXPECT_LE(h.sim.live_device_bytes(), 16 * MiB);
   EXPECT_EQ(h.alloc.residency_of(a), region_residency::host);
@@ -748,6 +752,9 @@ TEST(Residency, PolicyReclaimsTheIdleCacheForPrefetches) {
   EXPECT_TRUE(h.holds(w0, 4 * MiB, 0x31));
   EXPECT_TRUE(h.holds(w1, 4 * MiB, 0x32));
   EXPECT_EQ(h.alloc.stats().num_host_waits, waits) << "the policy waited on the host to reclaim the cache";
+  EXPECT_GE(h.alloc.stats().num_engine_reclaims, 1);
+  EXPECT_EQ(h.alloc.stats().num_reclaims, 0) << "no allocation reclaimed anything";
+  EXPECT_GT(h.alloc.stats().segment_destroy_ns, 0);
   EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
   h.expect_clean();
   for (void* w : {w0, w1}) h.alloc.deallocate(w);

@@ -329,9 +329,14 @@ struct residency_engine::impl {
   // pooled pages, then spare chunks of other sizes (released), then the allocator's idle cache (reclaimed without
   // a host wait). False when there is none now.
   bool take_chunk(swap_region& r, move& m) {
-    if (claim_chunk(r.bytes, m.chunk)) return true;
-    source.reclaim_idle(r.npages);  // a chunk-backed idle segment leaves a spare chunk of its own size
-    return claim_chunk(r.bytes, m.chunk);
+    const auto start = std::chrono::steady_clock::now();
+    bool ok = claim_chunk(r.bytes, m.chunk);
+    if (!ok) {
+      source.reclaim_idle(r.npages);  // a chunk-backed idle segment leaves a spare chunk of its own size
+      ok = claim_chunk(r.bytes, m.chunk);
+    }
+    st.room_us += elapsed_us(start);
+    return ok;
   }
   // A spare chunk of `bytes` (in `out`), else room in the budget for a new one (`out` left empty), spare chunks of
   // other sizes released for it, largest first (fewest releases). False when even that leaves no room.
@@ -1336,6 +1341,7 @@ void residency_engine::tick() {
                    now - m.last_policy >= k_policy_period)) {
     m.last_policy = now;
     m.source.maintain();
+    m.st.maintain_us += elapsed_us(now);
     if (m.active()) m.policy(f);  // after the finished evictions gave their pages back
     ++m.st.policy_rounds;
     m.st.policy_us += elapsed_us(now);

@@ -94,6 +94,8 @@ py::dict residency_dict(const residency_stats& r) {
   d["launch_holds"] = r.launch_holds;
   d["policy_rounds"] = r.policy_rounds;
   d["policy_s"] = static_cast<double>(r.policy_us) * 1e-6;
+  d["maintain_s"] = static_cast<double>(r.maintain_us) * 1e-6;
+  d["room_s"] = static_cast<double>(r.room_us) * 1e-6;
   d["remap_s"] = static_cast<double>(r.remap_us) * 1e-6;
   d["stage_s"] = static_cast<double>(r.stage_us) * 1e-6;
   d["remap_in_s"] = static_cast<double>(r.remap_in_us) * 1e-6;

@@ -755,6 +755,8 @@ TEST(Residency, PolicyReclaimsTheIdleCacheForPrefetches) {
   EXPECT_GE(h.alloc.stats().num_engine_reclaims, 1);
   EXPECT_EQ(h.alloc.stats().num_reclaims, 0) << "no allocation reclaimed anything";
   EXPECT_GT(h.alloc.stats().segment_destroy_ns, 0);
+  const residency_stats r = h.alloc.residency();
+  EXPECT_LE(r.room_us + r.maintain_us, r.policy_us) << "both are parts of the policy's rounds here";
   EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
   h.expect_clean();
   for (void* w : {w0, w1}) h.alloc.deallocate(w);

@@ -11,7 +11,7 @@ import time
 import torch
 
 from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOCATION_TYPE_PINNED, \
-    CU_MEM_LOCATION_TYPE_DEVICE, Access, Loc, Prop
+    CU_MEM_LOCATION_TYPE_DEVICE, Access, Loc, Prop, ck, reserve_va, timed_map_access_unmap
 
 
 def main():
@@ -23,16 +23,10 @@ def main():
     torch.zeros(1, device="cuda")
     cu = ctypes.CDLL("libcuda.so.1")
 
-    def ck(r, what):
-        if r != 0:
-            raise RuntimeError(f"{what} failed: {r}")
-
     dev = torch.cuda.current_device()
     gran = 2 << 20
     sizes = [int(x) << 20 for x in a.mib.split(",")]
-    va = ctypes.c_ulonglong()
-    ck(cu.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(max(sizes)), ctypes.c_size_t(gran),
-                              ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)), "reserve")
+    va = reserve_va(cu, max(sizes), gran)
     acc = Access(Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev), CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
     prop = Prop()
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
@@ -46,16 +40,12 @@ def main():
             ck(cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(size), ctypes.byref(prop), ctypes.c_ulonglong(0)),
                "create")
             t1 = time.perf_counter()
-            ck(cu.cuMemMap(va, ctypes.c_size_t(size), ctypes.c_size_t(0), h, ctypes.c_ulonglong(0)), "map")
+            map_ms, access_ms, unmap_ms = timed_map_access_unmap(cu, va, size, h, acc)
             t2 = time.perf_counter()
-            ck(cu.cuMemSetAccess(va, ctypes.c_size_t(size), ctypes.byref(acc), ctypes.c_size_t(1)), "access")
-            t3 = time.perf_counter()
-            ck(cu.cuMemUnmap(va, ctypes.c_size_t(size)), "unmap")
-            t4 = time.perf_counter()
             ck(cu.cuMemRelease(h), "release")
-            t5 = time.perf_counter()
-            for k, dt in zip(rows, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
-                rows[k].append(dt * 1e3)
+            t3 = time.perf_counter()
+            for k, ms in zip(rows, ((t1 - t0) * 1e3, map_ms, access_ms, unmap_ms, (t3 - t2) * 1e3)):
+                rows[k].append(ms)
         med = {k: sorted(v)[len(v) // 2] for k, v in rows.items()}
         out.append({"mib": size >> 20, "median_ms": med})
         print(f"{size >> 20:4d} MiB: " + "  ".join(f"{k} {v:.3f}" for k, v in med.items()) + " ms")

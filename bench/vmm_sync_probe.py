@@ -37,6 +37,32 @@ class Access(ctypes.Structure):
     _fields_ = [("location", Loc), ("flags", ctypes.c_int)]
 
 
+def ck(r, what):
+    """Raises when a driver call did not return CUDA_SUCCESS."""
+    if r != 0:
+        raise RuntimeError(f"{what} failed: {r}")
+
+
+def reserve_va(cu, size, gran):
+    """A VA range of `size` bytes, `gran`-aligned (cuMemAddressReserve), as a c_ulonglong."""
+    va = ctypes.c_ulonglong()
+    ck(cu.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(size), ctypes.c_size_t(gran), ctypes.c_ulonglong(0),
+                              ctypes.c_ulonglong(0)), "reserve")
+    return va
+
+
+def timed_map_access_unmap(cu, va, size, handle, acc):
+    """Maps `handle` at `va`, grants the device access, unmaps: the three calls' times in ms."""
+    t = time.perf_counter()
+    ck(cu.cuMemMap(va, ctypes.c_size_t(size), ctypes.c_size_t(0), handle, ctypes.c_ulonglong(0)), "map")
+    t1 = time.perf_counter()
+    ck(cu.cuMemSetAccess(va, ctypes.c_size_t(size), ctypes.byref(acc), ctypes.c_size_t(1)), "access")
+    t2 = time.perf_counter()
+    ck(cu.cuMemUnmap(va, ctypes.c_size_t(size)), "unmap")
+    t3 = time.perf_counter()
+    return (t1 - t) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=128, help="range size (default 128: room for 64 pages)")
@@ -46,10 +72,6 @@ def main():
     torch.cuda.init()
     torch.zeros(1, device="cuda")
     cu = ctypes.CDLL("libcuda.so.1")
-
-    def ck(r, what):
-        if r != 0:
-            raise RuntimeError(f"{what} failed: {r}")
 
     dev = torch.cuda.current_device()
     gran = 2 << 20
@@ -67,9 +89,7 @@ def main():
         ck(cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(size), ctypes.byref(p), ctypes.c_ulonglong(0)), "cuMemCreate")
         return h
 
-    va = ctypes.c_ulonglong()
-    ck(cu.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(size), ctypes.c_size_t(gran), ctypes.c_ulonglong(0),
-                              ctypes.c_ulonglong(0)), "reserve")
+    va = reserve_va(cu, size, gran)
     acc = Access(Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev), CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
     results = []
     for kind, lt in (("device", CU_MEM_LOCATION_TYPE_DEVICE), ("host", CU_MEM_LOCATION_TYPE_HOST)):
@@ -81,15 +101,8 @@ def main():
                 if busy:
                     with torch.cuda.stream(s):
                         torch.cuda._sleep(cycles)
-                t = time.perf_counter()
-                ck(cu.cuMemMap(va, ctypes.c_size_t(size), ctypes.c_size_t(0), h, ctypes.c_ulonglong(0)), "map")
-                t1 = time.perf_counter()
-                ck(cu.cuMemSetAccess(va, ctypes.c_size_t(size), ctypes.byref(acc), ctypes.c_size_t(1)), "access")
-                t2 = time.perf_counter()
-                ck(cu.cuMemUnmap(va, ctypes.c_size_t(size)), "unmap")
-                t3 = time.perf_counter()
-                rows["map"].append((t1 - t) * 1e3); rows["set_access"].append((t2 - t1) * 1e3)
-                rows["unmap"].append((t3 - t2) * 1e3)
+                m, ac, u = timed_map_access_unmap(cu, va, size, h, acc)
+                rows["map"].append(m); rows["set_access"].append(ac); rows["unmap"].append(u)
             torch.cuda.synchronize()
             med = {k: sorted(v)[len(v) // 2] for k, v in rows.items()}
             results.append({"pages": kind, "gpu_busy": busy, "median_ms": med, "all_ms": rows})

@@ -55,6 +55,16 @@
 //   does not fit in the budget reclaims the cache first, then evicts live regions synchronously
 //   (Note [Allocation under pressure]), and fails only when nothing movable is left.
 //
+// Note [Oversize reuse]
+//   A large allocation takes a cached segment of its stream's pool within 1/8 above its size. Under a tight budget
+//   the cache often has none: the request then reclaims idle segments of other sizes, least recently freed first,
+//   and makes a new one (with residency: a spare chunk released and a chunk made, a mapping, access granted; a fence
+//   wait when the reclaimed segment's work is not known complete). With LAYERSWAP_OVERSIZE = k > 1 (experimental),
+//   when no new segment fits without reclaiming (no spare chunk of the size, too little pooled memory and budget
+//   headroom), the request takes the smallest idle segment of its pool up to k times its size instead: no driver
+//   call and no wait, the same stream-ordered reuse as any cache hit, at the price of the unused tail while the
+//   allocation lives.
+//
 // Locking: one mutex per allocator; public methods take it, *_locked helpers assume it. The residency engine
 // runs under the same mutex (its migration thread takes it).
 #include "allocator/caching_allocator.hpp"
@@ -255,6 +265,7 @@ struct caching_allocator::impl final : detail::page_source {
   std::vector<phys_handle> gather_pages_locked(std::size_t n, std::size_t request);
   detail::device_chunk gather_chunk_locked(std::size_t n, std::size_t request);
   bool free_some_locked(bool& retried);
+  bool room_for_new_locked(std::size_t n) const noexcept;  // a new segment of n pages fits without reclaiming
   std::size_t obtainable_pages_locked() const noexcept;  // pooled + idle segments + budget headroom
   void release_idle_pages_locked();
   bool reclaim_one_locked();
@@ -510,6 +521,16 @@ bool caching_allocator::impl::free_some_locked(bool& retried) {
   return evicted;
 }
 
+// Whether a new segment of `n` pages can be had without reclaiming the cache or evicting: a spare chunk of its size
+// (residency), else pooled pages and the budget's headroom.
+bool caching_allocator::impl::room_for_new_locked(std::size_t n) const noexcept {
+  if (options.budget == 0) return true;
+  if (engine && engine->has_spare_locked(n << gran_shift)) return true;
+  const auto held = static_cast<std::size_t>(st.device_bytes.current);
+  const std::size_t headroom = options.budget > held ? (options.budget - held) >> gran_shift : 0;
+  return idle_pages.size() + headroom >= n;
+}
+
 segment* caching_allocator::impl::new_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request) {
   const auto start = std::chrono::steady_clock::now();
   const std::size_t n = bytes >> gran_shift;
@@ -709,6 +730,12 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
   segment* seg = nullptr;
   const std::size_t last = std::min(pool->free_by_pages.size(), npages + npages / 8 + 1);
   for (std::size_t n = npages; n < last && !seg; ++n) seg = pool->free_by_pages[n].head;
+  if (!seg && options.oversize > 1.0 && !room_for_new_locked(npages)) {  // Note [Oversize reuse]
+    const auto most = static_cast<std::size_t>(static_cast<double>(npages) * options.oversize);
+    const std::size_t end = std::min(pool->free_by_pages.size(), most + 1);
+    for (std::size_t n = last; n < end && !seg; ++n) seg = pool->free_by_pages[n].head;
+    if (seg) ++st.num_oversize_reuses;
+  }
   if (seg) {
     pool->free_by_pages[seg->npages()].erase(seg);
     idle.erase(seg);
@@ -1104,7 +1131,7 @@ void caching_allocator::reset_accumulated_stats() {
   impl_->st.num_device_alloc = impl_->st.num_device_free = impl_->st.num_host_waits = 0;
   impl_->st.host_wait_us = impl_->st.stall_us = 0;
   impl_->st.num_calls = impl_->st.call_ns = 0;
-  impl_->st.num_reclaims = impl_->st.num_engine_reclaims = 0;
+  impl_->st.num_reclaims = impl_->st.num_engine_reclaims = impl_->st.num_oversize_reuses = 0;
   impl_->st.segment_new_ns = impl_->st.segment_destroy_ns = 0;
 }
 

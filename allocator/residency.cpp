@@ -1511,6 +1511,8 @@ void residency_engine::give_chunk_locked(std::size_t bytes, const device_chunk& 
 
 std::size_t residency_engine::spare_pages_locked() const noexcept { return impl_->spare_bytes / impl_->gran; }
 
+bool residency_engine::has_spare_locked(std::size_t bytes) const noexcept { return impl_->spare_chunks.contains(bytes); }
+
 std::size_t residency_engine::release_spare_locked(std::size_t pages) {
   impl& m = *impl_;
   const std::size_t before = m.spare_bytes;

@@ -189,6 +189,7 @@ class residency_engine {
   // release_spare_locked() gives back to the budget.
   [[nodiscard]] std::size_t chunk_pages_locked() const noexcept;
   [[nodiscard]] std::size_t spare_pages_locked() const noexcept;
+  [[nodiscard]] bool has_spare_locked(std::size_t bytes) const noexcept;  // a spare chunk of exactly `bytes`
   // Releases spare chunks worth at least `pages` pages, or all of them (no host wait: nothing pending touches
   // them). Returns the pages given back.
   std::size_t release_spare_locked(std::size_t pages = SIZE_MAX);

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <charconv>
 #include <map>
 #include <string>
 #include <utility>
@@ -64,6 +65,7 @@ py::dict stats_dict(const allocator_stats& s) {
   d["num_foreign_frees"] = s.num_foreign_frees;
   d["num_reclaims"] = s.num_reclaims;
   d["num_engine_reclaims"] = s.num_engine_reclaims;
+  d["num_oversize_reuses"] = s.num_oversize_reuses;
   d["segment_new_s"] = static_cast<double>(s.segment_new_ns) * 1e-9;
   d["segment_destroy_s"] = static_cast<double>(s.segment_destroy_ns) * 1e-9;
   return d;
@@ -162,6 +164,8 @@ PYBIND11_MODULE(_C, m) {
     out["LAYERSWAP_TRACE"] = c.trace.empty() ? "none" : c.trace;
     out["LAYERSWAP_HOLD"] = c.hold ? "1" : "0";
     out["LAYERSWAP_WRITEBACK"] = c.writeback_always ? "always" : "skip-clean";
+    char oversize[32];
+    out["LAYERSWAP_OVERSIZE"] = std::string(oversize, std::to_chars(oversize, oversize + sizeof oversize, c.oversize).ptr);
     return out;
   }, "The settings in force, by variable name.");
   m.def("describe_config", [] { return global_config().describe(); });

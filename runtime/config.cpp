@@ -7,6 +7,7 @@
 #include "runtime/config.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -25,7 +26,7 @@ namespace {
 // Rows of the table, in table order.
 enum row : std::size_t {
   row_enable, row_budget, row_log, row_stats, row_va_reserve, row_track, row_track_api, row_trace,
-  row_prefetch, row_pin, row_host_limit, row_hold, row_writeback, row_count
+  row_prefetch, row_pin, row_host_limit, row_hold, row_writeback, row_oversize, row_count
 };
 
 constexpr setting_info k_settings[row_count] = {
@@ -66,6 +67,10 @@ constexpr setting_info k_settings[row_count] = {
     {"LAYERSWAP_WRITEBACK", "skip-clean", "skip-clean or always",
      "skip-clean: an eviction copies a region back to the host only when a GPU digest of it differs from the one "
      "taken when it came in (frozen weights are never copied back); always: every eviction copies"},
+    {"LAYERSWAP_OVERSIZE", "1", "a number from 1 to 16, such as 2 (1: off)",
+     "Experimental: when the budget has no room for a new segment without reclaiming the cache, a large allocation "
+     "takes an idle cached segment of its stream up to this many times its size instead (1: only one within 1/8 of "
+     "its size, as always)"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";
@@ -425,6 +430,11 @@ std::string config::describe() const {
   line(row_host_limit, host_limit ? format_size(host_limit) : std::string("none"), "  (default)");
   line(row_hold, hold ? "1" : "0", "  (default)");
   line(row_writeback, writeback_always ? "always" : "skip-clean", "  (default)");
+  {
+    char text[32];
+    const auto end = std::to_chars(text, text + sizeof text, oversize).ptr;
+    line(row_oversize, std::string(text, end), "  (default)");
+  }
   for (const auto& message : unknown) {
     out += message;
     out += '\n';
@@ -551,6 +561,15 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
         }
       }
     }
+  }
+  if (const auto oversize = given(row_oversize)) {
+    const std::string_view text = trim(*oversize);
+    double v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc{} || end != text.data() + text.size() || !(v >= 1.0 && v <= 16.0)) {
+      reject(k_settings[row_oversize].name, *oversize, "is not a number from 1 to 16", k_settings[row_oversize].accepted);
+    }
+    result.oversize = v;
   }
   if (const auto writeback = given(row_writeback)) {
     const std::string_view v = trim(*writeback);

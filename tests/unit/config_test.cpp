@@ -64,7 +64,7 @@ std::string config_error_of(const vars& v) {
 
 TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   const auto table = settings_table();
-  ASSERT_EQ(table.size(), 13u);
+  ASSERT_EQ(table.size(), 14u);
   std::vector<std::string> names;
   for (const auto& info : table) {
     names.emplace_back(info.name);
@@ -74,7 +74,7 @@ TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   EXPECT_EQ(names, (std::vector<std::string>{"LAYERSWAP", "LAYERSWAP_BUDGET", "LAYERSWAP_LOG", "LAYERSWAP_STATS",
                                              "LAYERSWAP_VA_RESERVE", "LAYERSWAP_TRACK", "LAYERSWAP_TRACK_API", "LAYERSWAP_TRACE",
                                              "LAYERSWAP_PREFETCH", "LAYERSWAP_PIN", "LAYERSWAP_HOST_LIMIT", "LAYERSWAP_HOLD",
-                                             "LAYERSWAP_WRITEBACK"}));
+                                             "LAYERSWAP_WRITEBACK", "LAYERSWAP_OVERSIZE"}));
   EXPECT_STREQ(row("LAYERSWAP").default_value, "0");
   EXPECT_STREQ(row("LAYERSWAP_BUDGET").default_value, "none");
   EXPECT_STREQ(row("LAYERSWAP_LOG").default_value, "warn");
@@ -532,7 +532,8 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_PIN=none  (default)\n"
             "LAYERSWAP_HOST_LIMIT=none  (default)\n"
             "LAYERSWAP_HOLD=0  (default)\n"
-            "LAYERSWAP_WRITEBACK=skip-clean  (default)\n");
+            "LAYERSWAP_WRITEBACK=skip-clean  (default)\n"
+            "LAYERSWAP_OVERSIZE=1  (default)\n");
 }
 
 TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
@@ -555,6 +556,7 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_HOST_LIMIT=none  (default)\n"
             "LAYERSWAP_HOLD=0  (default)\n"
             "LAYERSWAP_WRITEBACK=skip-clean  (default)\n"
+            "LAYERSWAP_OVERSIZE=1  (default)\n"
             "unknown setting LAYERSWAP_BUGDET=1 (did you mean LAYERSWAP_BUDGET?)\n");
 }
 
@@ -717,7 +719,14 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   EXPECT_FALSE(parse_config(vars{}).writeback_always);
   EXPECT_FALSE(parse_config(vars{{"LAYERSWAP_WRITEBACK", "Skip-Clean"}}).writeback_always);
   EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_WRITEBACK", " always "}}).writeback_always);
+  EXPECT_EQ(parse_config(vars{}).oversize, 1.0);
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_OVERSIZE", " 2 "}}).oversize, 2.0);
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_OVERSIZE", "1.5"}}).oversize, 1.5);
+  EXPECT_NE(parse_config(vars{{"LAYERSWAP_OVERSIZE", "1.5"}}).describe().find("LAYERSWAP_OVERSIZE=1.5\n"),
+            std::string::npos);
   for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"LAYERSWAP_OVERSIZE", "0.5"}, {"LAYERSWAP_OVERSIZE", "17"}, {"LAYERSWAP_OVERSIZE", "nan"},
+           {"LAYERSWAP_OVERSIZE", "inf"}, {"LAYERSWAP_OVERSIZE", "2x"}, {"LAYERSWAP_OVERSIZE", "0x2"},
            {"LAYERSWAP_PREFETCH", "0"}, {"LAYERSWAP_PREFETCH", "many"}, {"LAYERSWAP_PIN", "middle:2"},
            {"LAYERSWAP_PIN", "first:x"}, {"LAYERSWAP_PIN", "first"}, {"LAYERSWAP_HOST_LIMIT", "lots"},
            {"LAYERSWAP_WRITEBACK", "sometimes"}}) {

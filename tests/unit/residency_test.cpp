@@ -58,8 +58,9 @@ bool sim_holds(sim_driver& sim, void* p, std::size_t bytes, std::uint8_t v) {
 
 struct harness {
   explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true,
-                   bool skip_clean = true, bool sim_digests = true)
-      : sim(make_sim(eager, sim_digests)), alloc(sim, make_options(budget, thread, without_tracker, skip_clean)) {
+                   bool skip_clean = true, bool sim_digests = true, double oversize = 1.0)
+      : sim(make_sim(eager, sim_digests)),
+        alloc(sim, make_options(budget, thread, without_tracker, skip_clean, oversize)) {
     s1 = sim.create_stream();
     s2 = sim.create_stream();
     const stream_handle streams[] = {s1, s2};
@@ -72,8 +73,10 @@ struct harness {
     o.eager = eager;
     return o;
   }
-  static allocator_options make_options(std::size_t budget, bool thread, bool without_tracker, bool skip_clean) {
+  static allocator_options make_options(std::size_t budget, bool thread, bool without_tracker, bool skip_clean,
+                                        double oversize = 1.0) {
     allocator_options o;
+    o.oversize = oversize;
     o.residency.skip_clean = skip_clean;
     o.budget = budget;
     o.va_reserve = 1024 * MiB;
@@ -506,6 +509,53 @@ TEST(Residency, ALargeSegmentIsOneMapping) {
     ASSERT_EQ(alloc.residency_of(a), region_residency::device);
     EXPECT_TRUE(sim_holds(sim, a, 8 * MiB, 0x42));
     alloc.deallocate(a);
+    EXPECT_NO_THROW(alloc.verify());
+    EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  }
+}
+
+// Note [Oversize reuse]: with no room for a new segment, a request takes a larger idle segment of its stream (no
+// driver call) when LAYERSWAP_OVERSIZE allows it; otherwise it reclaims that segment and makes one of its size.
+TEST(Residency, OversizeReuseTakesALargerIdleSegmentUnderPressure) {
+  for (const double oversize : {1.0, 2.0}) {
+    SCOPED_TRACE(oversize == 1.0 ? "off" : "up to twice the size");
+    sim_driver sim(harness::make_sim(true, true));
+    allocator_options o = harness::make_options(16 * MiB, false, true, true);
+    o.oversize = oversize;
+    caching_allocator alloc(sim, o);
+    void* big = alloc.allocate(6 * MiB, nullptr);
+    void* fill = alloc.allocate(10 * MiB, nullptr);  // the budget is full
+    sim.launch(nullptr, {{reinterpret_cast<device_ptr>(fill), 10 * MiB, true, 0x17}});
+    alloc.deallocate(big);  // idle, 6 MiB
+    const std::size_t creates = sim.num_creates(), maps = sim.num_maps();
+    void* a = alloc.allocate(4 * MiB, nullptr);
+    sim.launch(nullptr, {{reinterpret_cast<device_ptr>(a), 4 * MiB, true, 0x29}});
+    const allocator_stats st = alloc.stats();
+    if (oversize > 1.0) {
+      EXPECT_EQ(a, big) << "the idle 6 MiB segment serves the 4 MiB request";
+      EXPECT_EQ(st.num_oversize_reuses, 1);
+      EXPECT_EQ(st.num_reclaims, 0);
+      EXPECT_EQ(sim.num_creates(), creates);
+      EXPECT_EQ(sim.num_maps(), maps);
+    } else {
+      EXPECT_EQ(st.num_oversize_reuses, 0);
+      EXPECT_EQ(st.num_reclaims, 1) << "the idle segment was reclaimed for a new one";
+      EXPECT_EQ(sim.num_maps() - maps, 1u);
+    }
+    EXPECT_TRUE(sim_holds(sim, a, 4 * MiB, 0x29));
+    EXPECT_TRUE(sim_holds(sim, fill, 10 * MiB, 0x17));
+    EXPECT_LE(alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
+    alloc.deallocate(a);
+    // With room in the budget, even oversize > 1 makes a segment of the size: the reuse is for pressure only.
+    alloc.deallocate(fill);
+    alloc.empty_cache();
+    void* b = alloc.allocate(6 * MiB, nullptr);
+    alloc.deallocate(b);
+    const std::int64_t reuses = alloc.stats().num_oversize_reuses;
+    void* c = alloc.allocate(4 * MiB, nullptr);
+    EXPECT_NE(c, b);
+    EXPECT_EQ(alloc.stats().num_oversize_reuses, reuses);
+    alloc.deallocate(c);
     EXPECT_NO_THROW(alloc.verify());
     EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
   }
@@ -965,7 +1015,8 @@ enum class forecast_mode { right, wrong, absent };
 
 // `holding`: launches are held on the GPU for prefetches in flight (Note [Holding a launch on the GPU]), on an
 // eager device without the migration thread, so that the test's ticks finish the prefetches they wait for.
-void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats& out, bool holding = false) {
+void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats& out, std::int64_t& reuses,
+            bool holding = false) {
   std::mt19937 rng(seed);
   auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
   const std::size_t budget = (6 + pick(14)) * 2 * MiB;
@@ -975,14 +1026,15 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
     ~holding_off() { residency_gate::set_holding(false); }
   } restore;
   fixed_forecast f;  // outlives the allocator (and its migration thread)
-  harness h(budget, eager, thread);
+  const double oversize = seed % 2 == 0 ? 2.0 : 1.0;  // Note [Oversize reuse] on every other seed
+  harness h(budget, eager, thread, true, true, true, oversize);
   stream_handle streams[] = {h.s1, h.s2, nullptr};
   if (mode != forecast_mode::absent) h.alloc.set_forecast_source(&f);
   std::vector<live_alloc> live;
   std::vector<std::size_t> plan;  // indices into `live` of the next launches (the "right" forecast)
   std::size_t ooms = 0;
   SCOPED_TRACE("seed " + std::to_string(seed) + " budget " + std::to_string(budget >> 20) + " MiB eager " +
-               std::to_string(eager) + " thread " + std::to_string(thread));
+               std::to_string(eager) + " thread " + std::to_string(thread) + " oversize " + std::to_string(oversize));
 
   auto refresh_forecast = [&] {
     if (mode == forecast_mode::absent) return;
@@ -1082,15 +1134,19 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   h.alloc.verify();
   (void)ooms;
   out = h.alloc.residency();
+  reuses = h.alloc.stats().num_oversize_reuses;
 }
 
 // Runs seeds [first, last] and checks that they swapped at all (a stress test that moves nothing proves nothing).
 void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, bool thread, bool holding = false) {
   residency_stats sum;
+  std::int64_t reuses = 0;
   const std::uint64_t holds_before = residency_gate::waits().holds;
   for (std::uint32_t seed = first; seed <= last; ++seed) {
     residency_stats st;
-    stress(seed, mode, thread, st, holding);
+    std::int64_t seed_reuses = 0;
+    stress(seed, mode, thread, st, seed_reuses, holding);
+    reuses += seed_reuses;
     if (::testing::Test::HasFatalFailure()) return;
     sum.evictions += st.evictions;
     sum.prefetches += st.prefetches;
@@ -1104,8 +1160,9 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
               static_cast<long long>(sum.evictions), static_cast<long long>(sum.stall_evictions),
               static_cast<long long>(sum.prefetches), static_cast<long long>(sum.abandoned),
               static_cast<long long>(sum.cancelled));
-  std::printf("  write-backs: %lld checked, %lld skipped (clean)\n", static_cast<long long>(sum.writeback_checked),
-              static_cast<long long>(sum.writeback_skipped));
+  std::printf("  write-backs: %lld checked, %lld skipped (clean); oversize reuses: %lld\n",
+              static_cast<long long>(sum.writeback_checked), static_cast<long long>(sum.writeback_skipped),
+              static_cast<long long>(reuses));
   EXPECT_GT(sum.evictions, 0);
   EXPECT_GT(sum.prefetches, 0);
   // Note [Write-back]: the random traces leave some regions unwritten between a prefetch and an eviction and write
@@ -1114,6 +1171,7 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
   if (!thread) {
     EXPECT_GT(sum.writeback_skipped, 0);
     EXPECT_GT(sum.writeback_checked, sum.writeback_skipped);
+    EXPECT_GT(reuses, 0) << "no oversize reuse (Note [Oversize reuse]) happened under the checks";
   }
   if (holding) {
     const std::uint64_t holds = residency_gate::waits().holds - holds_before;

@@ -267,6 +267,13 @@ struct caching_allocator::impl final : detail::page_source {
   bool free_some_locked(bool& retried);
   bool room_for_new_locked(std::size_t n) const noexcept;  // a new segment of n pages fits without reclaiming
   std::size_t obtainable_pages_locked() const noexcept;  // pooled + idle segments + budget headroom
+  // Pages a request can have without reclaiming or evicting: pooled ones and the budget's headroom (none without one).
+  [[nodiscard]] std::size_t unused_pages_locked() const noexcept {
+    const auto held = static_cast<std::size_t>(st.device_bytes.current);
+    return idle_pages.size() + (options.budget > held ? (options.budget - held) >> gran_shift : 0);
+  }
+  // A new segment's record: `pages` (none for a chunk) mapped at `va`, owned by `pool`, known to the owner table.
+  segment* add_segment_locked(stream_pool* pool, device_ptr va, std::size_t bytes, std::vector<phys_handle> pages);
   void release_idle_pages_locked();
   bool reclaim_one_locked();
   void fence_locked(segment* seg);
@@ -439,21 +446,18 @@ void caching_allocator::impl::set_owner_locked(device_ptr va, std::size_t npages
 // ---- pages and segments ----
 
 std::size_t caching_allocator::impl::obtainable_pages_locked() const noexcept {
-  std::size_t pages = idle_pages.size();
+  std::size_t pages = unused_pages_locked();
   for (const segment* s = idle.head; s; s = s->idle_hook.next) pages += s->npages();  // pages or a chunk
   // Pages of resident swappable regions, and pages taken by prefetches in flight: settling a prefetch of a freed
   // region returns them, and a completed one makes its region evictable. The engine's spare chunks.
   if (engine) {
     pages += engine->evictable_pages_locked() + engine->inflight_pages_locked() + engine->spare_pages_locked();
   }
-  const auto held = static_cast<std::size_t>(st.device_bytes.current);
-  if (options.budget > held) pages += (options.budget - held) >> gran_shift;
   return pages;
 }
 
 std::vector<phys_handle> caching_allocator::impl::gather_pages_locked(std::size_t n, std::size_t request) {
-  if (options.budget && n > idle_pages.size() + ((options.budget - std::min<std::size_t>(options.budget,
-                                  static_cast<std::size_t>(st.device_bytes.current))) >> gran_shift)) {
+  if (options.budget && n > unused_pages_locked()) {
     // Not enough without reclaiming: fail before creating anything when even the whole cache is too small.
     if (n > obtainable_pages_locked() && !pending.empty()) process_pending_locked(true);
     if (n > obtainable_pages_locked()) throw_oom_locked(request);
@@ -526,9 +530,7 @@ bool caching_allocator::impl::free_some_locked(bool& retried) {
 bool caching_allocator::impl::room_for_new_locked(std::size_t n) const noexcept {
   if (options.budget == 0) return true;
   if (engine && engine->has_spare_locked(n << gran_shift)) return true;
-  const auto held = static_cast<std::size_t>(st.device_bytes.current);
-  const std::size_t headroom = options.budget > held ? (options.budget - held) >> gran_shift : 0;
-  return idle_pages.size() + headroom >= n;
+  return unused_pages_locked() >= n;
 }
 
 segment* caching_allocator::impl::new_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request) {
@@ -552,16 +554,22 @@ segment* caching_allocator::impl::new_segment_locked(stream_pool* pool, std::siz
     idle_pages.insert(idle_pages.end(), pages.begin(), pages.end());
     throw;
   }
+  segment* s = add_segment_locked(pool, va, bytes, std::move(pages));
+  st.segment_new_ns += elapsed_ns(start);
+  return s;
+}
+
+segment* caching_allocator::impl::add_segment_locked(stream_pool* pool, device_ptr va, std::size_t bytes,
+                                                     std::vector<phys_handle> pages) {
   auto seg = std::make_unique<segment>();
   seg->va = va;
   seg->bytes = bytes;
-  seg->n = n;
+  seg->n = bytes >> gran_shift;
   seg->pages = std::move(pages);
   seg->pool = pool;
   segment* s = seg.release();
   segments.insert(s);
-  set_owner_locked(va, n, s);
-  st.segment_new_ns += elapsed_ns(start);
+  set_owner_locked(va, s->n, s);
   return s;
 }
 
@@ -587,14 +595,7 @@ segment* caching_allocator::impl::new_chunk_segment_locked(stream_pool* pool, st
     engine->give_chunk_locked(bytes, chunk);
     throw;
   }
-  auto seg = std::make_unique<segment>();
-  seg->va = va;
-  seg->bytes = bytes;
-  seg->n = n;
-  seg->pool = pool;
-  segment* s = seg.release();
-  segments.insert(s);
-  set_owner_locked(va, n, s);
+  segment* s = add_segment_locked(pool, va, bytes, {});
   s->swap = engine->add_locked(s->region, va, bytes, chunk);
   st.segment_new_ns += elapsed_ns(start);
   return s;
@@ -884,9 +885,7 @@ void caching_allocator::impl::throw_oom_locked(std::size_t request) {
 // ---- the residency engine's page source ----
 
 bool caching_allocator::impl::take_pages(std::size_t n, std::vector<phys_handle>& out) {
-  const auto held = static_cast<std::size_t>(st.device_bytes.current);
-  const std::size_t headroom = options.budget > held ? (options.budget - held) >> gran_shift : 0;
-  if (options.budget == 0 || idle_pages.size() + headroom < n) return false;
+  if (options.budget == 0 || unused_pages_locked() < n) return false;
   const std::size_t first = out.size();
   while (out.size() - first < n) {
     if (!idle_pages.empty()) {
@@ -963,9 +962,7 @@ void caching_allocator::impl::reclaim_idle(std::size_t n) {
   poll_fences_locked();
   segment* seg = idle.head;
   auto room = [&] {  // pages a request could have without reclaiming
-    const auto held = static_cast<std::size_t>(st.device_bytes.current);
-    return idle_pages.size() + (engine ? engine->spare_pages_locked() : 0) +
-           (options.budget > held ? (options.budget - held) >> gran_shift : 0);
+    return unused_pages_locked() + (engine ? engine->spare_pages_locked() : 0);
   };
   while (seg && room() < n) {
     segment* next = seg->idle_hook.next;

@@ -348,10 +348,15 @@ struct residency_engine::impl {
         return true;
       }
       if (source.take_room(bytes / gran)) return true;
-      if (spare_chunks.empty()) return false;
-      release_spare(std::prev(spare_chunks.end()));
-      ++st.chunks_released_for_size;
+      if (!release_largest_spare()) return false;
     }
+  }
+  // Room for a chunk of another size: the largest spare released (fewest releases). False when there is none.
+  bool release_largest_spare() {
+    if (spare_chunks.empty()) return false;
+    release_spare(std::prev(spare_chunks.end()));
+    ++st.chunks_released_for_size;
+    return true;
   }
   // A new chunk, with its home VA when `home` (a segment's chunk gets one at its first prefetch: add_home).
   device_chunk make_chunk(std::size_t bytes, bool home) {
@@ -1501,9 +1506,7 @@ device_chunk residency_engine::take_chunk_locked(std::size_t bytes) {
       m.source.give_room(n);
       throw;
     }
-    if (m.spare_chunks.empty()) return {};
-    m.release_spare(std::prev(m.spare_chunks.end()));
-    ++m.st.chunks_released_for_size;
+    if (!m.release_largest_spare()) return {};
   }
 }
 

@@ -8,7 +8,11 @@ and host waits), the policy's and the migration thread's, the moves, and the all
 Figures a run did not record (an older layerswap) print as '-'."""
 import argparse
 import json
+import pathlib
 import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from swap import _flatten  # noqa: E402  (the statistics snapshots' flattening, as swap.py makes its per-step figures)
 
 # (column, key in the case, scale, format)
 COLUMNS = [
@@ -32,16 +36,6 @@ CAUSES = [("segs", "segments.allocated", "{:.0f}"), ("new s", "segment_new_s", "
           ("policy", "policy_s", "{:.3f}"), ("maintain", "maintain_s", "{:.3f}"), ("room", "room_s", "{:.3f}")]
 
 
-def _flat(d, prefix=""):
-    out = {}
-    for k, v in (d or {}).items():
-        if isinstance(v, dict):
-            out.update(_flat(v, prefix + k + "."))
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[prefix + k] = v
-    return out
-
-
 def rows(res):
     steps = res.get("settings", {}).get("steps", 30) - res.get("settings", {}).get("warmup", 5)
     out = []
@@ -51,7 +45,7 @@ def rows(res):
             v = c.get(key)
             row[name] = fmt.format(v * scale) if isinstance(v, (int, float)) else "-"
         snaps = c.get("layerswap_stats") or {}
-        a, b = _flat(snaps.get("after_warmup")), _flat(snaps.get("end"))
+        a, b = _flatten(snaps.get("after_warmup")), _flatten(snaps.get("end"))
         for name, key in CHURN:
             row[name] = f"{(b[key] - a.get(key, 0)) / steps:.0f}" if key in b and steps > 0 else "-"
         for name, key, fmt in CAUSES:

@@ -169,6 +169,7 @@
 #include "runtime/error.hpp"
 #include "runtime/log.hpp"
 #include "runtime/stats.hpp"
+#include "runtime/thread_name.hpp"
 
 namespace layerswap::detail {
 
@@ -1270,6 +1271,7 @@ void residency_engine::start() {
   gate::set_counting(true);  // the tracker counts launches that found a region on the host (the hit rate)
   gate::set_waiter_wake([](void* engine) { static_cast<residency_engine*>(engine)->wake(); }, this);
   m.thread = std::thread([this] {
+    name_this_thread("layerswap-move");
     impl& e = *impl_;
     std::unique_lock lock(e.wake_mutex);
     while (!e.stopping) {

@@ -1309,6 +1309,9 @@ def fill_layerswap(c, ls, resident):
     for key in ("median_issue_s", "median_cpu_s"):  # where the step's time goes: launching thread vs device
         c[key.replace("median_", "")] = (ls.get("train") or {}).get(key)
         c["resident_" + key.replace("median_", "")] = (resident.get("train") or {}).get(key)
+    # Every thread's CPU per timed step (the autograd thread launches the backward; layerswap's own threads).
+    c["threads_per_step"] = (ls.get("train") or {}).get("threads_per_step")
+    c["resident_threads_per_step"] = (resident.get("train") or {}).get("threads_per_step")
     c["error"] = ls.get("error")
     if ls.get("output_tail"):
         c["output_tail"] = ls["output_tail"]

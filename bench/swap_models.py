@@ -458,6 +458,37 @@ class TransientMeter:
 # The training loop: the same for every side
 # ---------------------------------------------------------------------------------------------------------
 
+def thread_times():
+    """{tid: (name, on-CPU seconds, run-queue seconds)} for every thread of this process, from Linux's
+    /proc/self/task/*/{comm,schedstat} (nanosecond counters); {} where they cannot be read."""
+    out = {}
+    try:
+        tasks = list(pathlib.Path("/proc/self/task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            name = (task / "comm").read_text().strip()
+            run_ns, queue_ns = (task / "schedstat").read_text().split()[:2]
+        except (OSError, ValueError):
+            continue  # the thread ended, or no schedstat in this kernel
+        out[task.name] = (name, int(run_ns) / 1e9, int(queue_ns) / 1e9)
+    return out
+
+
+def thread_time_per_step(before, after, steps):
+    """Per-step CPU figures of each thread name between two thread_times() samples: {name: {"threads",
+    "cpu_s", "runqueue_s"}}, by CPU time, largest first. A thread that started in between counts from zero."""
+    by_name = {}
+    for tid, (name, run_s, queue_s) in after.items():
+        _, run0, queue0 = before.get(tid, (name, 0.0, 0.0))
+        agg = by_name.setdefault(name, {"threads": 0, "cpu_s": 0.0, "runqueue_s": 0.0})
+        agg["threads"] += 1
+        agg["cpu_s"] += (run_s - run0) / steps
+        agg["runqueue_s"] += (queue_s - queue0) / steps
+    return dict(sorted(by_name.items(), key=lambda kv: -kv[1]["cpu_s"]))
+
+
 def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     """Trains len(built.batches) steps; returns {"losses", "losses_hex", "step_times_s", "median_step_s", ...}.
     Each step is timed between two device synchronisations; the first `cfg.warmup` steps are left out of the
@@ -479,7 +510,10 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     times = record.setdefault("step_times_s", [])
     issue = record.setdefault("issue_times_s", [])  # step start -> all work enqueued (the launching thread's time)
     cpu = record.setdefault("cpu_times_s", [])      # the launching thread's CPU time in the step
+    threads_before = {}
     for step, batch in enumerate(built.batches):
+        if step == cfg.warmup:
+            threads_before = thread_times()
         metering = meter is not None and step < cfg.warmup
         if meter is not None and step == cfg.warmup:
             meter.remove()
@@ -511,6 +545,9 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
             after_step(step)
     warmup = min(cfg.warmup, max(0, len(times) - 1))
     timed = times[warmup:]
+    if threads_before and len(times) > cfg.warmup:
+        # Every thread's CPU over the timed steps: the Python thread, PyTorch's autograd thread, layerswap's.
+        record["threads_per_step"] = thread_time_per_step(threads_before, thread_times(), len(times) - cfg.warmup)
     record["warmup"] = warmup
     record["median_step_s"] = statistics.median(timed) if timed else None
     record["median_issue_s"] = statistics.median(issue[warmup:]) if timed else None

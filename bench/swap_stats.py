@@ -75,6 +75,10 @@ def main(argv=None):
         (r,) = rows(res)
         assert r["step"] == "0.250" and r["alloc"] == "0.013" and r["segs"] == "5" and r["lock"] == "-", r
         assert r["c:segs"] == "5" and r["c:new s"] == "-", r
+        res["cases"][0]["threads_per_step"] = {"pt_autograd_0": {"threads": 1, "cpu_s": 0.1, "runqueue_s": 0.0}}
+        res["cases"][0]["resident_threads_per_step"] = {"pt_autograd_0": {"threads": 1, "cpu_s": 0.08}}
+        (t,) = thread_rows(res)
+        assert t["cpu"] == "0.100" and t["cpu res"] == "0.080" and t["runq res"] == "-", t
         print("swap_stats self-test: ok")
         return 0
     with open(a.json) as fh:
@@ -96,7 +100,28 @@ def main(argv=None):
           "for size: to make room for another size, for pages: for the allocator's pages; policy: seconds the policy held "
           "the allocator's mutex, maintain: of which the allocator's housekeeping, room: of which finding prefetches "
           "a chunk")
+    threads = thread_rows(res)
+    if threads:
+        print()
+        print_table(threads, ["case", "thread", "n", "cpu", "cpu res", "runq", "runq res"])
+        print("CPU seconds per timed step of each thread (by name; n: how many threads share it), layerswap's run and "
+              "the resident one; runq: seconds it was ready to run but waited for a core")
     return 0
+
+
+def thread_rows(res, top=6):
+    """The busiest threads of each case's layerswap run beside the resident run's threads of the same name."""
+    out = []
+    for c in res.get("cases", []):
+        ls, resident = c.get("threads_per_step") or {}, c.get("resident_threads_per_step") or {}
+        for name in list(ls)[:top]:
+            mine, theirs = ls[name], resident.get(name) or {}
+            fmt = lambda v: f"{v:.3f}" if isinstance(v, (int, float)) else "-"
+            out.append({"case": f"{c.get('model')} {c.get('budget_fraction')}", "thread": name,
+                        "n": str(mine.get("threads", "-")), "cpu": fmt(mine.get("cpu_s")),
+                        "cpu res": fmt(theirs.get("cpu_s")), "runq": fmt(mine.get("runqueue_s")),
+                        "runq res": fmt(theirs.get("runqueue_s"))})
+    return out
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "runtime/log.hpp"
+#include "runtime/thread_name.hpp"
 
 namespace layerswap::profiler {
 
@@ -133,6 +134,7 @@ void tracker_core::start_consumer() {
   if (thread_.joinable()) return;
   stopping_ = false;
   thread_ = std::thread([this] {
+    name_this_thread("layerswap-learn");
     std::unique_lock lock(thread_mutex_);
     while (!stopping_) {
       lock.unlock();

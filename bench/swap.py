@@ -1312,6 +1312,8 @@ def fill_layerswap(c, ls, resident):
     # Every thread's CPU per timed step (the autograd thread launches the backward; layerswap's own threads).
     c["threads_per_step"] = (ls.get("train") or {}).get("threads_per_step")
     c["resident_threads_per_step"] = (resident.get("train") or {}).get("threads_per_step")
+    c["steal_s_per_step"] = (ls.get("train") or {}).get("steal_s_per_step")
+    c["resident_steal_s_per_step"] = (resident.get("train") or {}).get("steal_s_per_step")
     c["error"] = ls.get("error")
     if ls.get("output_tail"):
         c["output_tail"] = ls["output_tail"]

@@ -30,6 +30,7 @@ layerswap on.
 
 import contextlib
 import math
+import os
 import pathlib
 import statistics
 import sys
@@ -476,6 +477,17 @@ def thread_times():
     return out
 
 
+def cpu_steal_s():
+    """Seconds of CPU time the hypervisor took from this machine's CPUs (all of them, summed): /proc/stat's
+    `steal` column, in USER_HZ ticks; None where it cannot be read. A run on a machine whose host is busy loses
+    CPU time it cannot see otherwise (a CPU-bound step then slows with no change of its own)."""
+    try:
+        fields = pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def thread_time_per_step(before, after, steps):
     """Per-step CPU figures of each thread name between two thread_times() samples: {name: {"threads",
     "cpu_s", "runqueue_s"}}, by CPU time, largest first. A thread that started in between counts from zero."""
@@ -514,6 +526,7 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     for step, batch in enumerate(built.batches):
         if step == cfg.warmup:
             threads_before = thread_times()
+            steal_before = cpu_steal_s()
         metering = meter is not None and step < cfg.warmup
         if meter is not None and step == cfg.warmup:
             meter.remove()
@@ -548,6 +561,9 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     if threads_before and len(times) > cfg.warmup:
         # Every thread's CPU over the timed steps: the Python thread, PyTorch's autograd thread, layerswap's.
         record["threads_per_step"] = thread_time_per_step(threads_before, thread_times(), len(times) - cfg.warmup)
+        steal_after = cpu_steal_s()
+        if steal_before is not None and steal_after is not None:
+            record["steal_s_per_step"] = (steal_after - steal_before) / (len(times) - cfg.warmup)
     record["warmup"] = warmup
     record["median_step_s"] = statistics.median(timed) if timed else None
     record["median_issue_s"] = statistics.median(issue[warmup:]) if timed else None

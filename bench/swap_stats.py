@@ -23,6 +23,7 @@ COLUMNS = [
     ("host", "host_wait_s_per_step", 1, "{:.3f}"), ("policy", "policy_s_per_step", 1, "{:.3f}"),
     ("vmm", "remap_s_per_step", 1, "{:.3f}"), ("evict", "evictions_per_step", 1, "{:.0f}"),
     ("chunks", "chunks_created_per_step", 1, "{:.0f}"),
+    ("steal", "steal_s_per_step", 1, "{:.3f}"), ("steal res", "resident_steal_s_per_step", 1, "{:.3f}"),
 ]
 # Allocator counters per timed step, from the two statistics snapshots swap.py keeps.
 CHURN = [("segs", "segments.allocated"), ("phys", "num_device_alloc")]
@@ -91,7 +92,8 @@ def main(argv=None):
     print("seconds per step; cpu: the launching thread's CPU time (spin waits included); launch: kernel launch calls; "
           "alloc: allocator calls; lock: their mutex waits; wait: launches waiting for prefetches; host: the "
           "allocator's host waits; policy: the policy holding the mutex; vmm: the migration thread's map/unmap/access; "
-          "evict, chunks, segs, phys: evictions, chunks made, segments made, physical allocations made per step")
+          "evict, chunks, segs, phys: evictions, chunks made, segments made, physical allocations made per step; steal: CPU "
+          "seconds the hypervisor took from the machine's CPUs per step (all CPUs), in layerswap's run and the resident one")
     print()
     print_table(table, ["case"] + ["c:" + c[0] for c in CAUSES], label=lambda n: n[2:] if n.startswith("c:") else n)
     print("per step: segs: segments made; new s, del s: seconds making and destroying them (on the allocating thread: "

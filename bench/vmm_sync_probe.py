@@ -262,8 +262,30 @@ def main():
     launches(2000)
     launch = beside(launches, (("alone", None, None), ("remap device pages", churn, (hd, True)),
                                ("remap host pages", churn, (hh, False)), ("alone again", None, None)), "us")
+    # What a new segment costs the allocating thread (create + map + access, then unmap + release of a 22 MiB
+    # device chunk, the allocator's path under a tight budget) alone and beside the remapping thread: do the
+    # migration thread's host remaps (whose set-access takes ~12 us per MiB) serialize the allocator's VMM calls?
+    seg_va = reserve_va(cu, 32 << 20, gran)
+    seg_prop = Prop(); seg_prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
+    seg_prop.location = Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev)
+    seg_bytes = 22 << 20
+
+    def segments(n=200):
+        t = time.perf_counter()
+        for _ in range(n):
+            h = ctypes.c_ulonglong()
+            ck(cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(seg_bytes), ctypes.byref(seg_prop),
+                              ctypes.c_ulonglong(0)), "create")
+            timed_map_access_unmap(cu, seg_va, seg_bytes, h, acc)
+            ck(cu.cuMemRelease(h), "release")
+        return (time.perf_counter() - t) / n * 1e6
+
+    segments(20)
+    segment = beside(segments, (("alone", None, None), ("remap device pages", churn, (hd, True)),
+                                ("remap host pages", churn, (hh, False)), ("alone again", None, None)), "us")
     json.dump({"device": torch.cuda.get_device_name(), "mib": a.mib, "sleep_ms": a.sleep_ms, "results": results,
-               "by_mapping_count": by_count, "gpu_side": gpu, "launch_side": launch}, open(a.out, "w"), indent=1)
+               "by_mapping_count": by_count, "gpu_side": gpu, "launch_side": launch, "segment_side": segment},
+              open(a.out, "w"), indent=1)
 
 
 if __name__ == "__main__":

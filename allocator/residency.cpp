@@ -4,8 +4,8 @@
 // ---------
 // Every large segment of the caching allocator is a region the engine knows (swap_region); while it is live
 // (allocated) it is swappable. A region is backed by device memory (one physical allocation of its size, a chunk:
-// Note [Chunks]) or by host-located VMM memory of its size (created at its first eviction, kept for the region's
-// life, pooled by size when the region goes; made of pieces: Note [Host pieces]). Its state:
+// Note [Chunks]) or by one host-located VMM allocation of its size (created at its first eviction, kept for the
+// region's life, pooled by size when the region goes). Its state:
 //
 //   device --start_evict--> moving_out --finish: remap ok--> host --start_prefetch--> moving_in --ok--> device
 //                              |  (abandoned: a launch touched it)                        |  (abandoned)
@@ -146,18 +146,6 @@
 //   written without the mutex. DESIGN.md invariant 3 holds in this form: a remap starts when every launch known to
 //   touch the region has completed or is held until after the remap.
 //
-// Note [Host pieces]
-//   A region's host backing is a run of host-located allocations of at most residency_options::host_piece bytes
-//   (8 MiB), each mapped by a call of its own, not one allocation of the region's size. The driver serializes VMM
-//   calls across threads, and granting the device access to host-located memory costs per byte (~12 us per MiB on
-//   the H100: 0.13 ms for 8 MiB, 1.4 ms for 128 MiB; unmapping it ~2.5 us per MiB), so one remap of a large region
-//   held the driver's lock for over a millisecond while the program's threads waited in theirs: a new segment's
-//   create/map/access/unmap/release took 0.135 ms alone and 5.2 ms beside a thread remapping 128 MiB host ranges
-//   (bench/vmm_sync_probe.py). In pieces, a remap holds the lock for at most one piece's call at a time (the
-//   driver cannot map part of an allocation: a non-zero offset is refused). Per byte, 8 MiB pieces cost about what
-//   one allocation does (the per-call part is small at that size). The view keeps the pieces contiguous, so a
-//   copy is still one call. Launches never see the pieces: the region is under the gate while it is remapped.
-//
 // Note [No tracker]
 //   Without a tracker feeding the gate (gate::fed() false) the engine cannot see launches, so it can never know
 //   a region is idle: it moves nothing, not even under pressure (the allocator raises OOM as before). Tests that
@@ -196,22 +184,12 @@ constexpr std::size_t k_digest_chunk = 512;         // regions' result words all
 constexpr std::uint8_t k_unchecked_evictions = 8;   // evictions copied without a check after two dirty ones
 }
 
-// A region's host backing: host-located allocations of `piece` bytes each (the last one shorter; Note [Host
-// pieces]), and a view of them (a VA of its own, mapped once) that evictions copy into, so that an eviction maps
-// nothing until its remap (Note [Shadow copies]).
+// A region's host backing: one host-located allocation, and a view of it (a VA of its own, mapped once) that
+// evictions copy into, so that an eviction maps nothing until its remap (Note [Shadow copies]).
 struct host_backing {
-  std::vector<phys_handle> pieces;
-  std::size_t piece = 0;
+  phys_handle handle = 0;
   device_ptr view = 0;
-  explicit operator bool() const noexcept { return !pieces.empty(); }
-};
-
-// What backs a region's VA, for map_backing and unmap_backing: a chunk (one mapping) or a host backing (one
-// mapping per piece).
-struct backing {
-  phys_handle chunk = 0;
-  const host_backing* host = nullptr;
-  explicit operator bool() const noexcept { return chunk != 0 || host != nullptr; }
+  explicit operator bool() const noexcept { return handle != 0; }
 };
 
 struct move {
@@ -262,15 +240,13 @@ struct swap_region {
 
 struct residency_engine::impl {
   impl(driver& p, std::mutex& m, page_source& s, residency_options o)
-      : port(p), mutex(m), source(s), options(std::move(o)), gran(p.granularity()),
-        host_piece(std::max(gran, options.host_piece / gran * gran)) {}
+      : port(p), mutex(m), source(s), options(std::move(o)), gran(p.granularity()) {}
 
   driver& port;
   std::mutex& mutex;
   page_source& source;
   residency_options options;
   std::size_t gran;
-  std::size_t host_piece;  // Note [Host pieces]: a multiple of the granularity
 
   // ---- guarded by `mutex` ----
   std::unordered_map<region_id, std::unique_ptr<swap_region>> regions;
@@ -401,7 +377,7 @@ struct residency_engine::impl {
   void add_home(device_chunk& c, std::size_t bytes) {
     const device_ptr va = port.reserve(bytes, gran);
     try {
-      map_whole(va, bytes, backing{c.handle}, {});
+      map_whole(va, bytes, c.handle, 0);
     } catch (...) {
       port.unreserve(va, bytes);
       throw;
@@ -452,20 +428,23 @@ struct residency_engine::impl {
                                         ") leaves no room for " + format_bytes(bytes) + " of host backing");
     }
     host_backing h;
-    h.piece = host_piece;
+    h.handle = port.create(bytes, memory_location::host);
     try {
-      for (std::size_t off = 0; off < bytes; off += h.piece) {
-        h.pieces.push_back(port.create(std::min(h.piece, bytes - off), memory_location::host));
-      }
       h.view = port.reserve(bytes, gran);
       try {
-        map_backing(h.view, bytes, backing{0, &h});
+        port.map(h.view, bytes, h.handle, 0);
+        try {
+          port.set_access(h.view, bytes);
+        } catch (...) {
+          port.unmap(h.view, bytes);
+          throw;
+        }
       } catch (...) {
         port.unreserve(h.view, bytes);
         throw;
       }
     } catch (...) {
-      for (phys_handle piece : h.pieces) port.release(piece);
+      port.release(h.handle);
       throw;
     }
     host_bytes += bytes;
@@ -473,9 +452,9 @@ struct residency_engine::impl {
   }
 
   void release_host(std::size_t bytes, const host_backing& h) {
-    unmap_backing(h.view, bytes, backing{0, &h});
+    port.unmap(h.view, bytes);
     port.unreserve(h.view, bytes);
-    for (phys_handle piece : h.pieces) port.release(piece);
+    port.release(h.handle);
     host_bytes -= bytes;
   }
 
@@ -565,54 +544,19 @@ struct residency_engine::impl {
 
   // Maps all of `handle` at `va` with access. On failure `va` is left unmapped, or mapped to `fallback` when there
   // is one (a remap to the device puts the host copy back: DESIGN.md invariant 3), and the error goes on.
-  // Maps `b` at [va, va + bytes) and grants the device access: one map and one access call for a chunk, one of
-  // each per piece for a host backing (Note [Host pieces]). On failure nothing it mapped stays mapped.
-  void map_backing(device_ptr va, std::size_t bytes, backing b) {
-    if (!b.host) {
-      port.map(va, bytes, b.chunk, 0);
-      try {
-        port.set_access(va, bytes);
-      } catch (...) {
-        port.unmap(va, bytes);
-        throw;
-      }
-      return;
-    }
-    const host_backing& h = *b.host;
-    std::size_t mapped = 0;
+  void map_whole(device_ptr va, std::size_t bytes, phys_handle handle, phys_handle fallback) {
+    bool mapped = false;
     try {
-      for (std::size_t i = 0; i < h.pieces.size(); ++i) {
-        const std::size_t off = i * h.piece;
-        const std::size_t n = std::min(h.piece, bytes - off);
-        port.map(va + off, n, h.pieces[i], 0);
-        mapped = off + n;
-        port.set_access(va + off, n);
-      }
-    } catch (...) {
-      for (std::size_t off = 0; off < mapped; off += h.piece) port.unmap(va + off, std::min(h.piece, mapped - off));
-      throw;
-    }
-  }
-
-  // Unmaps what map_backing(va, bytes, b) mapped, one call per mapping (so a host backing's unmap holds the
-  // driver's lock one piece at a time: Note [Host pieces]).
-  void unmap_backing(device_ptr va, std::size_t bytes, backing b) {
-    if (!b.host) {
-      port.unmap(va, bytes);
-      return;
-    }
-    for (std::size_t off = 0; off < bytes; off += b.host->piece) {
-      port.unmap(va + off, std::min(b.host->piece, bytes - off));
-    }
-  }
-
-  // Maps `b` at the region's VA; when that fails, maps `fallback` back (best effort) and rethrows.
-  void map_whole(device_ptr va, std::size_t bytes, backing b, backing fallback) {
-    try {
-      map_backing(va, bytes, b);
+      port.map(va, bytes, handle, 0);
+      mapped = true;
+      port.set_access(va, bytes);
     } catch (...) {
       try {
-        if (fallback) map_backing(va, bytes, fallback);
+        if (mapped) port.unmap(va, bytes);
+        if (fallback) {
+          port.map(va, bytes, fallback, 0);
+          port.set_access(va, bytes);
+        }
       } catch (...) {
       }
       throw;
@@ -951,12 +895,12 @@ struct residency_engine::impl {
     } guard{*this, r};
     if (options.remap_hook) options.remap_hook(r.id);
     if (m.to_device) {
-      unmap_backing(r.va, r.bytes, backing{0, &r.host});  // the host mapping: one call per piece
-      map_whole(r.va, r.bytes, backing{m.chunk.handle}, backing{0, &r.host});
+      port.unmap(r.va, r.bytes);  // the host mapping: one map() call
+      map_whole(r.va, r.bytes, m.chunk.handle, r.host.handle);
       gate::set_on_host(r.id, false);
     } else {
       port.unmap(r.va, r.bytes);  // the chunk: one map() call
-      map_whole(r.va, r.bytes, backing{0, &r.host}, backing{r.chunk.handle});
+      map_whole(r.va, r.bytes, r.host.handle, r.chunk.handle);
       gate::set_on_host(r.id, true);
       m.snapshot = gate::sequence(r.id);  // still remapping: no launch can have moved it since
     }
@@ -1454,11 +1398,7 @@ bool residency_engine::remove_locked(swap_region* r) {
   m.settle(*r);
   const bool host_mapped = r->state == region_residency::host;
   const bool unmapped = host_mapped || r->chunk;
-  if (host_mapped) {
-    m.unmap_backing(r->va, r->bytes, backing{0, &r->host});  // one mapping per piece (Note [Host pieces])
-  } else if (r->chunk) {
-    m.port.unmap(r->va, r->bytes);  // one mapping (Note [Chunks])
-  }
+  if (unmapped) m.port.unmap(r->va, r->bytes);  // one mapping: the host backing or the chunk (Note [Chunks])
   if (r->chunk) m.add_spare(r->bytes, std::exchange(r->chunk, {}));
   gate::set_on_host(r->id, false);
   if (r->flag_slot != k_no_slot) m.free_slots.push_back(r->flag_slot);  // its ticket count goes on

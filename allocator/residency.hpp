@@ -49,10 +49,6 @@ struct residency_options {
   // (residency.cpp, Note [Write-back]); needs driver::can_digest().
   bool skip_clean = true;
   std::chrono::microseconds period{200};            // migration thread period
-  // Host backing is made of host-located allocations of at most this size, each mapped by a call of its own, so
-  // that a remap holds the driver's lock one piece at a time (residency.cpp, Note [Host pieces]). Rounded down to
-  // the granularity (at least one granule).
-  std::size_t host_piece = std::size_t{8} << 20;
   // Tests: called inside every remap (between try_begin_remap and end_remap); the allocator mutex is held when
   // the remap is made by settling or a synchronous eviction, not when the migration thread's tick() makes it.
   std::function<void(region_id)> remap_hook;

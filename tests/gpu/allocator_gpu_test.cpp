@@ -95,8 +95,7 @@ TEST(AllocatorGpu, BudgetReclaimAndOom) {
 // The residency engine on the real driver (Note [Chunks] in allocator/residency.cpp), moves requested by hand
 // (no tracker: residency_options::without_tracker): a large segment is one chunk; it goes to host pages and back,
 // twice (the second prefetch reuses the spare chunk and its home VA), then a new segment of the same size takes a
-// spare, and one that needs the budget makes the allocator release spares. The host backing is made of pieces of
-// unequal sizes, each mapped by a call of its own. The bytes survive every move.
+// spare, and one that needs the budget makes the allocator release spares. The bytes survive every move.
 TEST(AllocatorGpu, RegionsMoveAsChunksAndKeepTheirBytes) {
   REQUIRE_GPU();
   auto port = make_cuda_driver(0);
@@ -105,7 +104,6 @@ TEST(AllocatorGpu, RegionsMoveAsChunksAndKeepTheirBytes) {
   opts.residency.enabled = true;
   opts.residency.without_tracker = true;
   opts.residency.thread = false;
-  opts.residency.host_piece = 10 * k_mib;  // host backing in pieces of 10, 10 and 4 MiB (Note [Host pieces])
   caching_allocator alloc(*port, opts);
   const std::size_t bytes = 24 * k_mib;
   auto fill = [&](void* p, std::uint8_t seed) {

@@ -58,10 +58,9 @@ bool sim_holds(sim_driver& sim, void* p, std::size_t bytes, std::uint8_t v) {
 
 struct harness {
   explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true,
-                   bool skip_clean = true, bool sim_digests = true, double oversize = 1.0,
-                   std::size_t host_piece = 8 * MiB)
+                   bool skip_clean = true, bool sim_digests = true, double oversize = 1.0)
       : sim(make_sim(eager, sim_digests)),
-        alloc(sim, make_options(budget, thread, without_tracker, skip_clean, oversize, host_piece)) {
+        alloc(sim, make_options(budget, thread, without_tracker, skip_clean, oversize)) {
     s1 = sim.create_stream();
     s2 = sim.create_stream();
     const stream_handle streams[] = {s1, s2};
@@ -75,10 +74,9 @@ struct harness {
     return o;
   }
   static allocator_options make_options(std::size_t budget, bool thread, bool without_tracker, bool skip_clean,
-                                        double oversize = 1.0, std::size_t host_piece = 8 * MiB) {
+                                        double oversize = 1.0) {
     allocator_options o;
     o.oversize = oversize;
-    o.residency.host_piece = host_piece;
     o.residency.skip_clean = skip_clean;
     o.budget = budget;
     o.va_reserve = 1024 * MiB;
@@ -514,47 +512,6 @@ TEST(Residency, ALargeSegmentIsOneMapping) {
     EXPECT_NO_THROW(alloc.verify());
     EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
   }
-}
-
-// Note [Host pieces]: a region's host backing is made of pieces of at most host_piece bytes, each mapped and
-// unmapped by a call of its own (so a remap holds the driver's lock one piece at a time); the bytes survive the
-// round trip, writes through the host mapping included, on a driver that unmaps one mapping per call.
-TEST(Residency, HostBackingIsMappedPieceByPiece) {
-  sim_options so = harness::make_sim(true, true);
-  so.unmap_one_mapping = true;
-  sim_driver sim(so);
-  caching_allocator alloc(sim, harness::make_options(64 * MiB, false, true, true, 1.0, 4 * MiB));
-  void* a = alloc.allocate(10 * MiB, nullptr);  // host pieces of 4, 4 and 2 MiB
-  sim.launch(nullptr, {{reinterpret_cast<device_ptr>(a), 10 * MiB, true, 0x42}});
-  const std::size_t creates = sim.num_creates(), maps = sim.num_maps(), unmaps = sim.num_unmaps();
-  ASSERT_TRUE(alloc.request_evict(a));
-  alloc.residency_tick();
-  ASSERT_EQ(alloc.residency_of(a), region_residency::host);
-  EXPECT_EQ(sim.num_creates() - creates, 3u) << "three host pieces";
-  EXPECT_EQ(sim.num_maps() - maps, 6u) << "each piece at the view, then at the region's VA";
-  EXPECT_EQ(sim.num_unmaps() - unmaps, 1u) << "the chunk, in one call";
-  EXPECT_TRUE(sim_holds(sim, a, 10 * MiB, 0x42));
-  // A launch writes across two pieces while the region is on the host.
-  sim.launch(nullptr, {{reinterpret_cast<device_ptr>(a) + 3 * MiB, 6 * MiB, true, 0x17}});
-  const std::size_t before = sim.num_unmaps();
-  ASSERT_TRUE(alloc.request_prefetch(a));
-  alloc.residency_tick();
-  ASSERT_EQ(alloc.residency_of(a), region_residency::device);
-  EXPECT_EQ(sim.num_unmaps() - before, 3u) << "the host mapping, one piece per call";
-  EXPECT_TRUE(sim_holds(sim, a, 3 * MiB, 0x42));
-  EXPECT_TRUE(sim_holds(sim, static_cast<char*>(a) + 3 * MiB, 6 * MiB, 0x17));
-  EXPECT_TRUE(sim_holds(sim, static_cast<char*>(a) + 9 * MiB, 1 * MiB, 0x42));
-  // Evicted again (dirty: copied into the pooled pieces), then freed while on the host: its mapping goes piece by
-  // piece, and the backing returns to the pool.
-  ASSERT_TRUE(alloc.request_evict(a));
-  alloc.residency_tick();
-  ASSERT_EQ(alloc.residency_of(a), region_residency::host);
-  EXPECT_TRUE(sim_holds(sim, static_cast<char*>(a) + 3 * MiB, 6 * MiB, 0x17));
-  EXPECT_EQ(alloc.residency().host_bytes, static_cast<std::int64_t>(10 * MiB));
-  alloc.deallocate(a);
-  alloc.empty_cache();
-  EXPECT_NO_THROW(alloc.verify());
-  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
 }
 
 // Note [Oversize reuse]: with no room for a new segment, a request takes a larger idle segment of its stream (no
@@ -1070,16 +1027,14 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   } restore;
   fixed_forecast f;  // outlives the allocator (and its migration thread)
   const double oversize = seed % 2 == 0 ? 2.0 : 1.0;  // Note [Oversize reuse] on every other seed
-  const std::size_t host_piece = std::size_t{2 << pick(3)} * MiB;  // 2, 4 or 8 MiB (Note [Host pieces])
-  harness h(budget, eager, thread, true, true, true, oversize, host_piece);
+  harness h(budget, eager, thread, true, true, true, oversize);
   stream_handle streams[] = {h.s1, h.s2, nullptr};
   if (mode != forecast_mode::absent) h.alloc.set_forecast_source(&f);
   std::vector<live_alloc> live;
   std::vector<std::size_t> plan;  // indices into `live` of the next launches (the "right" forecast)
   std::size_t ooms = 0;
   SCOPED_TRACE("seed " + std::to_string(seed) + " budget " + std::to_string(budget >> 20) + " MiB eager " +
-               std::to_string(eager) + " thread " + std::to_string(thread) + " oversize " + std::to_string(oversize) +
-               " host piece " + std::to_string(host_piece >> 20) + " MiB");
+               std::to_string(eager) + " thread " + std::to_string(thread) + " oversize " + std::to_string(oversize));
 
   auto refresh_forecast = [&] {
     if (mode == forecast_mode::absent) return;

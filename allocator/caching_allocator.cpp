@@ -59,13 +59,11 @@
 //   A large allocation takes a cached segment of its stream's pool within 1/8 above its size. Under a tight budget
 //   the cache often has none: the request then reclaims idle segments of other sizes, least recently freed first,
 //   and makes a new one (with residency: a spare chunk released and a chunk made, a mapping, access granted; a fence
-//   wait when the reclaimed segment's work is not known complete). With LAYERSWAP_OVERSIZE = k > 1 (2 by default),
+//   wait when the reclaimed segment's work is not known complete). With LAYERSWAP_OVERSIZE = k > 1 (experimental),
 //   when no new segment fits without reclaiming (no spare chunk of the size, too little pooled memory and budget
 //   headroom), the request takes the smallest idle segment of its pool up to k times its size instead: no driver
 //   call and no wait, the same stream-ordered reuse as any cache hit, at the price of the unused tail while the
-//   allocation lives. On the H100, full fine-tuning at 50% made 257 segments per step with k = 2 against 436 with
-//   k = 1, and spent 0.22 s per step in allocator calls against 0.33 s (LoRA was unchanged: its requests find no
-//   idle segment within twice their size).
+//   allocation lives.
 //
 // Locking: one mutex per allocator; public methods take it, *_locked helpers assume it. The residency engine
 // runs under the same mutex (its migration thread takes it).

@@ -67,10 +67,10 @@ constexpr setting_info k_settings[row_count] = {
     {"LAYERSWAP_WRITEBACK", "skip-clean", "skip-clean or always",
      "skip-clean: an eviction copies a region back to the host only when a GPU digest of it differs from the one "
      "taken when it came in (frozen weights are never copied back); always: every eviction copies"},
-    {"LAYERSWAP_OVERSIZE", "2", "a number from 1 to 16, such as 2 (1: off)",
-     "When the budget has no room for a new segment without reclaiming the cache, a large allocation takes an idle "
-     "cached segment of its stream up to this many times its size instead of destroying it and making one of its "
-     "own (1: only one within 1/8 of its size, as always)"},
+    {"LAYERSWAP_OVERSIZE", "1", "a number from 1 to 16, such as 2 (1: off)",
+     "Experimental: when the budget has no room for a new segment without reclaiming the cache, a large allocation "
+     "takes an idle cached segment of its stream up to this many times its size instead (1: only one within 1/8 of "
+     "its size, as always)"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";

@@ -64,9 +64,8 @@ struct config {
   bool hold = false;             // LAYERSWAP_HOLD: hold launches on the GPU for prefetches (residency_gate.hpp)
   bool writeback_always = false;  // LAYERSWAP_WRITEBACK=always: no skip of clean write-backs (residency.cpp)
   // LAYERSWAP_OVERSIZE: under the budget's pressure, a large allocation takes an idle segment up to this many times
-  // its size before reclaiming the cache (caching_allocator.cpp, Note [Oversize reuse]); 1 = off. On by default
-  // (2) for the program's allocator; the allocator library's own default (allocator_options) stays 1.
-  double oversize = 2.0;
+  // its size before reclaiming the cache (caching_allocator.cpp, Note [Oversize reuse]); 1 = off.
+  double oversize = 1.0;
   // Whether the launch tracker should run (LAYERSWAP_TRACK against `enabled`).
   [[nodiscard]] bool tracking() const noexcept {
     return track == track_mode::on || track == track_mode::subscribe_only ||

@@ -533,7 +533,7 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_HOST_LIMIT=none  (default)\n"
             "LAYERSWAP_HOLD=0  (default)\n"
             "LAYERSWAP_WRITEBACK=skip-clean  (default)\n"
-            "LAYERSWAP_OVERSIZE=2  (default)\n");
+            "LAYERSWAP_OVERSIZE=1  (default)\n");
 }
 
 TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
@@ -556,7 +556,7 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_HOST_LIMIT=none  (default)\n"
             "LAYERSWAP_HOLD=0  (default)\n"
             "LAYERSWAP_WRITEBACK=skip-clean  (default)\n"
-            "LAYERSWAP_OVERSIZE=2  (default)\n"
+            "LAYERSWAP_OVERSIZE=1  (default)\n"
             "unknown setting LAYERSWAP_BUGDET=1 (did you mean LAYERSWAP_BUDGET?)\n");
 }
 
@@ -719,9 +719,8 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   EXPECT_FALSE(parse_config(vars{}).writeback_always);
   EXPECT_FALSE(parse_config(vars{{"LAYERSWAP_WRITEBACK", "Skip-Clean"}}).writeback_always);
   EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_WRITEBACK", " always "}}).writeback_always);
-  EXPECT_EQ(parse_config(vars{}).oversize, 2.0);
-  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_OVERSIZE", " 1 "}}).oversize, 1.0);  // off
-  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_OVERSIZE", " 4 "}}).oversize, 4.0);
+  EXPECT_EQ(parse_config(vars{}).oversize, 1.0);
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_OVERSIZE", " 2 "}}).oversize, 2.0);
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_OVERSIZE", "1.5"}}).oversize, 1.5);
   EXPECT_NE(parse_config(vars{{"LAYERSWAP_OVERSIZE", "1.5"}}).describe().find("LAYERSWAP_OVERSIZE=1.5\n"),
             std::string::npos);

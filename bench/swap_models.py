@@ -522,7 +522,7 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     times = record.setdefault("step_times_s", [])
     issue = record.setdefault("issue_times_s", [])  # step start -> all work enqueued (the launching thread's time)
     cpu = record.setdefault("cpu_times_s", [])      # the launching thread's CPU time in the step
-    threads_before = {}
+    threads_before, steal_before = {}, None
     for step, batch in enumerate(built.batches):
         if step == cfg.warmup:
             threads_before = thread_times()

@@ -111,14 +111,18 @@ def main(argv=None):
     return 0
 
 
+def _seconds(v):
+    return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
+
+
 def thread_rows(res, top=6):
     """The busiest threads of each case's layerswap run beside the resident run's threads of the same name."""
     out = []
+    fmt = _seconds
     for c in res.get("cases", []):
         ls, resident = c.get("threads_per_step") or {}, c.get("resident_threads_per_step") or {}
         for name in list(ls)[:top]:
             mine, theirs = ls[name], resident.get(name) or {}
-            fmt = lambda v: f"{v:.3f}" if isinstance(v, (int, float)) else "-"
             out.append({"case": f"{c.get('model')} {c.get('budget_fraction')}", "thread": name,
                         "n": str(mine.get("threads", "-")), "cpu": fmt(mine.get("cpu_s")),
                         "cpu res": fmt(theirs.get("cpu_s")), "runq": fmt(mine.get("runqueue_s")),

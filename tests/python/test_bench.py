@@ -1,5 +1,6 @@
 """The benchmark harnesses' own logic (no GPU): bench/swap.py's self-test (budgets, the Belady bound, the resident
-rerun, the peers' bookkeeping, on a fake runner), bench/stack_top.py's and bench/swap_stats.py's."""
+rerun, the peers' bookkeeping, on a fake runner), bench/stack_top.py's and bench/swap_stats.py's, and the training
+loop's per-thread CPU accounting."""
 import pathlib
 import subprocess
 import sys
@@ -14,3 +15,20 @@ def test_self_test(script):
     r = subprocess.run([sys.executable, str(BENCH / script), "--self-test"], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_thread_time_per_step():
+    pytest.importorskip("torch")  # bench/swap_models.py imports it
+    sys.path.insert(0, str(BENCH))
+    import swap_models
+
+    before = {"1": ("python3", 1.0, 0.0), "2": ("pt_autograd_0", 2.0, 0.5)}
+    after = {"1": ("python3", 1.4, 0.0), "2": ("pt_autograd_0", 3.0, 0.5), "3": ("layerswap-move", 0.2, 0.1)}
+    got = swap_models.thread_time_per_step(before, after, 2)
+    assert list(got) == ["pt_autograd_0", "python3", "layerswap-move"], got  # largest CPU first
+    assert got["pt_autograd_0"]["cpu_s"] == pytest.approx(0.5) and got["python3"]["cpu_s"] == pytest.approx(0.2)
+    assert got["layerswap-move"] == {"threads": 1, "cpu_s": pytest.approx(0.1), "runqueue_s": pytest.approx(0.05)}
+    now = swap_models.thread_times()  # this process, on Linux
+    assert any(name for name, _, _ in now.values()) and all(run >= 0 for _, run, _ in now.values())
+    steal = swap_models.cpu_steal_s()
+    assert steal is None or steal >= 0

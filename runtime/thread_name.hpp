@@ -4,13 +4,14 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace layerswap {
 
 inline void name_this_thread(const char* name) noexcept {
   char cut[16] = {};
-  std::strncpy(cut, name, sizeof cut - 1);
+  std::memcpy(cut, name, std::min(std::strlen(name), sizeof cut - 1));
   (void)pthread_setname_np(pthread_self(), cut);  // best effort: a name is a courtesy, never a failure
 }
 

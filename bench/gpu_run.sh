@@ -12,6 +12,7 @@
 # Time: the whole run keeps inside GPU_RUN_DEADLINE seconds (default 570, for a 10-minute call): each step
 # gets min(its own limit, time left); a step with no time left is reported as skipped. Step limits:
 # GPU_RUN_TIMEOUT_{INSTALL,CMAKE,CTEST,PYTEST,BENCH}. PYTHON picks the interpreter (default python3).
+# GPU_RUN_PIP_ARGS adds arguments to the install (e.g. -C install.strip=false, for perf's symbols).
 # shellcheck disable=SC2317  # the step functions are called through run_step
 set -u -o pipefail
 
@@ -99,10 +100,12 @@ step_info() {
 step_install() {
   local pip=("$PY" -m pip) rc
   "$PY" -m pip --version >/dev/null 2>&1 || pip=(pip)
-  timeout "$STEP_LIMIT" "${pip[@]}" install --no-build-isolation --no-deps -q . && rc=0 || rc=$?
+  # shellcheck disable=SC2086 # GPU_RUN_PIP_ARGS is a list of words
+  timeout "$STEP_LIMIT" "${pip[@]}" install --no-build-isolation --no-deps -q ${GPU_RUN_PIP_ARGS:-} . && rc=0 || rc=$?
   if [ "$rc" -ne 0 ] && grep -q "externally-managed-environment" "$OUT/build.log" 2>/dev/null; then
     echo "pip refused an externally managed environment: retrying with --break-system-packages"
-    timeout "$STEP_LIMIT" "${pip[@]}" install --no-build-isolation --no-deps -q --break-system-packages . && rc=0 || rc=$?
+    # shellcheck disable=SC2086 # GPU_RUN_PIP_ARGS is a list of words
+    timeout "$STEP_LIMIT" "${pip[@]}" install --no-build-isolation --no-deps -q --break-system-packages ${GPU_RUN_PIP_ARGS:-} . && rc=0 || rc=$?
   fi
   [ "$rc" -ne 0 ] && return "$rc"
   # The installed package, seen from outside the source tree.

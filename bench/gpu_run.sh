@@ -12,7 +12,8 @@
 # Time: the whole run keeps inside GPU_RUN_DEADLINE seconds (default 570, for a 10-minute call): each step
 # gets min(its own limit, time left); a step with no time left is reported as skipped. Step limits:
 # GPU_RUN_TIMEOUT_{INSTALL,CMAKE,CTEST,PYTEST,BENCH}. PYTHON picks the interpreter (default python3).
-# GPU_RUN_PIP_ARGS adds arguments to the install (e.g. -C install.strip=false, for perf's symbols).
+# GPU_RUN_PIP_ARGS adds arguments to the install; for perf's symbols an unstripped one:
+# GPU_RUN_PIP_ARGS="-C install.strip=false -C cmake.define.CMAKE_STRIP=/bin/true" (pybind11 strips the module itself).
 # shellcheck disable=SC2317  # the step functions are called through run_step
 set -u -o pipefail
 

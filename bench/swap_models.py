@@ -501,6 +501,15 @@ def thread_time_per_step(before, after, steps):
     return dict(sorted(by_name.items(), key=lambda kv: -kv[1]["cpu_s"]))
 
 
+def note_timed_window(start, end):
+    """Appends "pid start end" (CLOCK_MONOTONIC seconds) of the timed steps to the file PERF_THREADS_WINDOWS names,
+    when it is set: bench/perf_threads.sh reports each process's threads over that window alone."""
+    path = os.environ.get("PERF_THREADS_WINDOWS")
+    if path and start is not None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()} {start:.6f} {end:.6f}\n")
+
+
 def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     """Trains len(built.batches) steps; returns {"losses", "losses_hex", "step_times_s", "median_step_s", ...}.
     Each step is timed between two device synchronisations; the first `cfg.warmup` steps are left out of the
@@ -522,11 +531,12 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     times = record.setdefault("step_times_s", [])
     issue = record.setdefault("issue_times_s", [])  # step start -> all work enqueued (the launching thread's time)
     cpu = record.setdefault("cpu_times_s", [])      # the launching thread's CPU time in the step
-    threads_before, steal_before = {}, None
+    threads_before, steal_before, window_start = {}, None, None
     for step, batch in enumerate(built.batches):
         if step == cfg.warmup:
             threads_before = thread_times()
             steal_before = cpu_steal_s()
+            window_start = time.monotonic()
         metering = meter is not None and step < cfg.warmup
         if meter is not None and step == cfg.warmup:
             meter.remove()
@@ -558,6 +568,7 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
             after_step(step)
     warmup = min(cfg.warmup, max(0, len(times) - 1))
     timed = times[warmup:]
+    note_timed_window(window_start, time.monotonic())
     if threads_before and len(times) > cfg.warmup:
         # Every thread's CPU over the timed steps: the Python thread, PyTorch's autograd thread, layerswap's.
         record["threads_per_step"] = thread_time_per_step(threads_before, thread_times(), len(times) - cfg.warmup)

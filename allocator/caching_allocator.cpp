@@ -218,6 +218,10 @@ struct caching_allocator::impl final : detail::page_source {
   std::unordered_map<device_ptr, std::vector<stream_handle>> recorded;
   std::vector<event_handle> spare_events;
   std::uint64_t epoch = 0;
+  // Whether start_fences_locked() may find a segment to fence: set when a segment goes idle or a fence completes
+  // (the only ways one can need a fence); the migration thread's housekeeping runs every round, and the idle list
+  // is long.
+  bool fences_wanted = true;
   std::unique_ptr<detail::residency_engine> engine;  // null unless options.residency.enabled
   std::vector<std::pair<segment*, event_handle>> retiring;  // freed host-backed segments (Note [Swappable segments])
 
@@ -614,6 +618,9 @@ detail::device_chunk caching_allocator::impl::gather_chunk_locked(std::size_t n,
   bool retried = false;
   for (;;) {
     if (detail::device_chunk c = engine->take_chunk_locked(n << gran_shift)) return c;
+    // The cache holds segments, none of this size (allocate_large_locked looked), and the budget has no room for
+    // a new one beside them: the policy should leave the cache more (residency.cpp, Note [Cache reserve]).
+    if (!retried && idle.head) engine->note_cache_miss_locked(n << gran_shift);
     // A reclaimed segment's pages join the pool, its chunk (or an evicted region's) the spares: room either way.
     if (!free_some_locked(retried)) throw_oom_locked(request);
   }
@@ -687,6 +694,7 @@ bool caching_allocator::impl::reclaim_one_locked() {
 
 void caching_allocator::impl::make_idle_locked(segment* seg) {
   seg->free_epoch = ++epoch;
+  fences_wanted = true;
   idle.push_back(seg);
 }
 
@@ -957,6 +965,7 @@ void caching_allocator::impl::poll_fences_locked() {
       pool->fenced_epoch = std::max(pool->fenced_epoch, pool->fence_epoch);
       spare_events.push_back(pool->fence_event);
       pool->fence_event = nullptr;
+      fences_wanted = true;  // its pool's segments freed since it was recorded want one of their own
     }
   }
 }
@@ -981,6 +990,7 @@ void caching_allocator::impl::reclaim_idle(std::size_t n) {
 // An asynchronous fence on each pool that has idle segments not yet fenced (Note [Unmap fences]), so that
 // reclaim_one_locked() and reclaim_idle() find them reclaimable without a host wait.
 void caching_allocator::impl::start_fences_locked() {
+  if (!fences_wanted) return;
   for (segment* seg = idle.head; seg; seg = seg->idle_hook.next) {
     stream_pool* pool = seg->pool;
     if (pool->fence_event || seg->free_epoch <= pool->fenced_epoch) continue;
@@ -988,6 +998,7 @@ void caching_allocator::impl::start_fences_locked() {
     pool->fence_epoch = epoch;
     port.record(pool->fence_event, pool->stream);
   }
+  fences_wanted = false;  // every idle segment is fenced, or its pool has a fence in flight
 }
 
 void caching_allocator::impl::maintain() {

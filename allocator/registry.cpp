@@ -108,6 +108,8 @@ caching_allocator& allocator_for(int device) {
   opts.residency.pin = pin_setting{cfg.pin_first, cfg.pin_last, cfg.pin_bytes};
   opts.residency.host_limit = cfg.host_limit;
   opts.residency.skip_clean = !cfg.writeback_always;
+  opts.residency.cache_reserve_auto = cfg.cache_reserve_auto;
+  opts.residency.cache_reserve = cfg.cache_reserve;
   auto* alloc = new caching_allocator(*port, opts);
   if (forecast_source* f = s.forecast.load(std::memory_order_acquire)) alloc->set_forecast_source(f);
   LAYERSWAP_LOG(info, "device %d: allocator ready (budget %s of %s)", device,
@@ -188,7 +190,7 @@ std::string stats_report() {
                     "back in %lld prefetches, %lld moves abandoned, %lld cancelled; host backing %s; regions %lld "
                     "swappable, %lld on the device, %lld on the host; hit rate %.4f (%llu of %llu launches found a "
                     "region on the host); %llu launches held on the GPU for a prefetch, %llu waited %.3f s on the host (%llu "
-                    "gave up); chunks made %lld, released %lld, %s spare\n",
+                    "gave up); chunks made %lld, released %lld, %s spare; cache reserve %s after %lld misses\n",
                     st.device, format_bytes(static_cast<std::uint64_t>(r.bytes_d2h)).c_str(),
                     static_cast<long long>(r.evictions), static_cast<long long>(r.stall_evictions),
                     static_cast<long long>(r.writeback_skipped),
@@ -206,7 +208,9 @@ std::string stats_report() {
                     static_cast<unsigned long long>(r.launch_waits), static_cast<double>(r.launch_wait_us) * 1e-6,
                     static_cast<unsigned long long>(r.launch_wait_timeouts),
                     static_cast<long long>(r.chunks_created), static_cast<long long>(r.chunks_released),
-                    format_bytes(static_cast<std::uint64_t>(r.spare_bytes)).c_str());
+                    format_bytes(static_cast<std::uint64_t>(r.spare_bytes)).c_str(),
+                    format_bytes(static_cast<std::uint64_t>(r.cache_reserve_bytes)).c_str(),
+                    static_cast<long long>(r.cache_misses));
       out += line;
     }
   }

@@ -105,6 +105,17 @@
 //   Launches that reach a region whose prefetch is still in flight wait for it in the gate (residency_gate.hpp,
 //   Note [Waiting for a prefetch]); the migration thread polls every 20 µs while any does.
 //
+// Note [Cache reserve]
+//   The policy fills its capacity with forecast regions, so under a tight budget the allocator's cache of freed
+//   segments keeps only what the live activations leave. Activations come and go in many sizes within a step: an
+//   allocation that finds no cached segment of its size then destroys one of another size and makes its own (a
+//   chunk created, mapped and given access: driver calls that wait for the migration thread's remaps), and the next
+//   allocation of the destroyed size does the same. On the H100 a LoRA step at 25% made 40 segments that way. The
+//   cache reserve is device memory the policy leaves to the cache: capacity = budget - reserve for transients -
+//   cache reserve. LAYERSWAP_CACHE_RESERVE=auto grows it by a segment's bytes each time an allocation misses so
+//   (note_cache_miss_locked), up to half of budget - reserve for transients, so that prefetching keeps at least
+//   half its room; it never shrinks. A size fixes it (at most the whole capacity); none is the former behaviour.
+//
 // Note [Unfenced prefetch]
 //   An eviction's copy and remap complete only after every launch enqueued before it that touched the region
 //   (its fences), and the remap happens under the gate. If the region's gate sequence has not moved since (no
@@ -259,6 +270,9 @@ struct residency_engine::impl {
   std::multimap<std::size_t, host_backing> spare_host;    // bytes -> pooled host backing (view still mapped)
   std::size_t host_bytes = 0;                              // host-located bytes in existence
   std::size_t max_transient = 0;  // the reserve for memory that cannot move (Note [Policy])
+  std::size_t cache_grown = 0;    // the automatic cache reserve's bytes before its cap (Note [Cache reserve])
+  std::size_t cache_reserve = 0;  // ... and what the last policy round left to the cache
+  std::int64_t cache_misses = 0;
   bool forecast_applied = false;   // the last policy round had a forecast (ranks mean next uses)
   std::uint64_t pin_generation = ~std::uint64_t{0};
   residency_stats st;
@@ -1140,7 +1154,11 @@ struct residency_engine::impl {
 
   void policy_forecast(const forecast& f, std::size_t budget) {
     max_transient = std::max(max_transient, transient_bytes());
-    const std::size_t capacity = budget > max_transient ? budget - max_transient : 0;
+    std::size_t capacity = budget > max_transient ? budget - max_transient : 0;
+    // Note [Cache reserve]
+    cache_reserve = options.cache_reserve_auto ? std::min(cache_grown, capacity / 2)
+                                               : std::min(options.cache_reserve, capacity);
+    capacity -= cache_reserve;
 
     // The wanted set: the forecast from the front, whole groups, within capacity and LAYERSWAP_PREFETCH. Each
     // group's entries are indexed first, in one pass: a round then costs O(forecast), not O(forecast^2).
@@ -1456,6 +1474,12 @@ bool residency_engine::evict_sync_locked() {
   return evict_one(true) || evict_one(false);
 }
 
+void residency_engine::note_cache_miss_locked(std::size_t bytes) {
+  ++impl_->cache_misses;
+  // Capped when applied (a half of the policy's room); bounded here only so that it cannot overflow.
+  if (impl_->options.cache_reserve_auto) impl_->cache_grown = std::min(impl_->cache_grown + bytes, std::size_t{1} << 50);
+}
+
 bool residency_engine::request_locked(swap_region* r, bool to_device) {
   if (!impl_->active()) return false;  // Note [No tracker]
   impl_->wait_not_busy(*r);
@@ -1553,6 +1577,8 @@ residency_stats residency_engine::stats_locked() const {
   s.remap_out_us = m.remap_out_ns.load(std::memory_order_relaxed) / 1000;
   s.chunks_created = m.chunks_created.load(std::memory_order_relaxed);
   s.spare_bytes = static_cast<std::int64_t>(m.spare_bytes);
+  s.cache_reserve_bytes = static_cast<std::int64_t>(m.cache_reserve);
+  s.cache_misses = m.cache_misses;
   for (const auto& [id, r] : m.regions) {
     if (!r->live) continue;
     ++s.regions_swappable;

@@ -48,6 +48,10 @@ struct residency_options {
   // LAYERSWAP_WRITEBACK=skip-clean: skip an eviction's copy when the region's digest proves the host copy current
   // (residency.cpp, Note [Write-back]); needs driver::can_digest().
   bool skip_clean = true;
+  // LAYERSWAP_CACHE_RESERVE (residency.cpp, Note [Cache reserve]): device bytes the policy leaves to the
+  // allocator's cache. Automatic: grown by note_cache_miss_locked(), at most half the policy's room; else fixed.
+  bool cache_reserve_auto = false;
+  std::size_t cache_reserve = 0;
   std::chrono::microseconds period{200};            // migration thread period
   // Tests: called inside every remap (between try_begin_remap and end_remap); the allocator mutex is held when
   // the remap is made by settling or a synchronous eviction, not when the migration thread's tick() makes it.
@@ -89,6 +93,8 @@ struct residency_stats {
   std::int64_t chunks_released_for_size = 0; // ... of the released: spares that made room for a chunk of another size
   std::int64_t chunks_released_for_pages = 0;  // ... spares released for the allocator (release_spare_locked)
   std::int64_t spare_bytes = 0;        // device bytes in spare chunks now
+  std::int64_t cache_reserve_bytes = 0;  // the cache reserve the last policy round left (Note [Cache reserve])
+  std::int64_t cache_misses = 0;       // allocations that destroyed a cached segment for want of their size
   bool active = false;                 // whether the engine moves regions (a fed gate or without_tracker)
 };
 
@@ -177,6 +183,9 @@ class residency_engine {
   // Allocation under pressure (Note [Allocation under pressure]): evicts one region synchronously. False when
   // nothing is left to evict.
   bool evict_sync_locked();
+  // An allocation found no cached segment of its size and no room for a new one of `bytes` without destroying
+  // cached segments or evicting: grows the automatic cache reserve (Note [Cache reserve]).
+  void note_cache_miss_locked(std::size_t bytes);
   // Starts an eviction (or a prefetch) of `r` now; false when it cannot start.
   bool request_locked(swap_region* r, bool to_device);
   // Finishes the prefetches that launches may be held on (host waits for their copies): call before any host wait

@@ -108,6 +108,8 @@ py::dict residency_dict(const residency_stats& r) {
   d["chunks_for_segments"] = r.chunks_for_segments;
   d["chunks_released_for_size"] = r.chunks_released_for_size;
   d["chunks_released_for_pages"] = r.chunks_released_for_pages;
+  d["cache_reserve_bytes"] = r.cache_reserve_bytes;
+  d["cache_misses"] = r.cache_misses;
   if (r.launches_counted) {
     d["hit_rate"] = 1.0 - static_cast<double>(r.launches_missed) / static_cast<double>(r.launches_counted);
   } else {
@@ -166,6 +168,10 @@ PYBIND11_MODULE(_C, m) {
     out["LAYERSWAP_WRITEBACK"] = c.writeback_always ? "always" : "skip-clean";
     char oversize[32];
     out["LAYERSWAP_OVERSIZE"] = std::string(oversize, std::to_chars(oversize, oversize + sizeof oversize, c.oversize).ptr);
+    out["LAYERSWAP_CACHE_RESERVE"] =
+        c.cache_reserve_auto ? "auto"
+        : c.cache_reserve    ? size_setting{size_setting::kind::bytes, static_cast<double>(c.cache_reserve)}.to_string()
+                             : "none";
     return out;
   }, "The settings in force, by variable name.");
   m.def("describe_config", [] { return global_config().describe(); });

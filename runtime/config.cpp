@@ -26,7 +26,7 @@ namespace {
 // Rows of the table, in table order.
 enum row : std::size_t {
   row_enable, row_budget, row_log, row_stats, row_va_reserve, row_track, row_track_api, row_trace,
-  row_prefetch, row_pin, row_host_limit, row_hold, row_writeback, row_oversize, row_count
+  row_prefetch, row_pin, row_host_limit, row_hold, row_writeback, row_oversize, row_cache_reserve, row_count
 };
 
 constexpr setting_info k_settings[row_count] = {
@@ -71,6 +71,10 @@ constexpr setting_info k_settings[row_count] = {
      "Experimental: when the budget has no room for a new segment without reclaiming the cache, a large allocation "
      "takes an idle cached segment of its stream up to this many times its size instead (1: only one within 1/8 of "
      "its size, as always)"},
+    {"LAYERSWAP_CACHE_RESERVE", "auto", "auto, none (or 0), or a size such as 256MiB",
+     "Device memory swapping leaves to the allocator's cache of freed segments besides the live activations: auto "
+     "grows it each time an allocation finds no cached segment of its size and has to destroy another's, up to half "
+     "of what the budget leaves for swapped memory; a size fixes it (at most all of that)"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";
@@ -435,6 +439,9 @@ std::string config::describe() const {
     const auto end = std::to_chars(text, text + sizeof text, oversize).ptr;
     line(row_oversize, std::string(text, end), "  (default)");
   }
+  line(row_cache_reserve,
+       cache_reserve_auto ? std::string("auto") : cache_reserve ? format_size(cache_reserve) : std::string("none"),
+       "  (default)");
   for (const auto& message : unknown) {
     out += message;
     out += '\n';
@@ -577,6 +584,16 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
       result.writeback_always = true;
     } else if (!iequals(v, "skip-clean")) {
       reject(k_settings[row_writeback].name, *writeback, "is not a write-back mode", k_settings[row_writeback].accepted);
+    }
+  }
+  if (const auto reserve = given(row_cache_reserve)) {
+    const std::string_view v = trim(*reserve);
+    if (!iequals(v, "auto")) {
+      result.cache_reserve_auto = false;
+      if (!iequals(v, "none") && v != "0") {
+        result.cache_reserve =
+            static_cast<std::size_t>(parse_size(k_settings[row_cache_reserve].name, *reserve, false).value);
+      }
     }
   }
   if (const auto limit = given(row_host_limit)) {

@@ -66,6 +66,10 @@ struct config {
   // LAYERSWAP_OVERSIZE: under the budget's pressure, a large allocation takes an idle segment up to this many times
   // its size before reclaiming the cache (caching_allocator.cpp, Note [Oversize reuse]); 1 = off.
   double oversize = 1.0;
+  // LAYERSWAP_CACHE_RESERVE: device bytes the policy leaves to the allocator's cache (residency.cpp, Note [Cache
+  // reserve]): auto (grown by the cache's misses), or a fixed size.
+  bool cache_reserve_auto = true;
+  std::size_t cache_reserve = 0;
   // Whether the launch tracker should run (LAYERSWAP_TRACK against `enabled`).
   [[nodiscard]] bool tracking() const noexcept {
     return track == track_mode::on || track == track_mode::subscribe_only ||

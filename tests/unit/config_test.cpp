@@ -64,7 +64,7 @@ std::string config_error_of(const vars& v) {
 
 TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   const auto table = settings_table();
-  ASSERT_EQ(table.size(), 14u);
+  ASSERT_EQ(table.size(), 15u);
   std::vector<std::string> names;
   for (const auto& info : table) {
     names.emplace_back(info.name);
@@ -74,7 +74,8 @@ TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   EXPECT_EQ(names, (std::vector<std::string>{"LAYERSWAP", "LAYERSWAP_BUDGET", "LAYERSWAP_LOG", "LAYERSWAP_STATS",
                                              "LAYERSWAP_VA_RESERVE", "LAYERSWAP_TRACK", "LAYERSWAP_TRACK_API", "LAYERSWAP_TRACE",
                                              "LAYERSWAP_PREFETCH", "LAYERSWAP_PIN", "LAYERSWAP_HOST_LIMIT", "LAYERSWAP_HOLD",
-                                             "LAYERSWAP_WRITEBACK", "LAYERSWAP_OVERSIZE"}));
+                                             "LAYERSWAP_WRITEBACK", "LAYERSWAP_OVERSIZE",
+                                             "LAYERSWAP_CACHE_RESERVE"}));
   EXPECT_STREQ(row("LAYERSWAP").default_value, "0");
   EXPECT_STREQ(row("LAYERSWAP_BUDGET").default_value, "none");
   EXPECT_STREQ(row("LAYERSWAP_LOG").default_value, "warn");
@@ -533,7 +534,8 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_HOST_LIMIT=none  (default)\n"
             "LAYERSWAP_HOLD=0  (default)\n"
             "LAYERSWAP_WRITEBACK=skip-clean  (default)\n"
-            "LAYERSWAP_OVERSIZE=1  (default)\n");
+            "LAYERSWAP_OVERSIZE=1  (default)\n"
+            "LAYERSWAP_CACHE_RESERVE=auto  (default)\n");
 }
 
 TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
@@ -557,6 +559,7 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_HOLD=0  (default)\n"
             "LAYERSWAP_WRITEBACK=skip-clean  (default)\n"
             "LAYERSWAP_OVERSIZE=1  (default)\n"
+            "LAYERSWAP_CACHE_RESERVE=auto  (default)\n"
             "unknown setting LAYERSWAP_BUGDET=1 (did you mean LAYERSWAP_BUDGET?)\n");
 }
 
@@ -724,8 +727,23 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_OVERSIZE", "1.5"}}).oversize, 1.5);
   EXPECT_NE(parse_config(vars{{"LAYERSWAP_OVERSIZE", "1.5"}}).describe().find("LAYERSWAP_OVERSIZE=1.5\n"),
             std::string::npos);
+  EXPECT_TRUE(parse_config(vars{}).cache_reserve_auto);
+  EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_CACHE_RESERVE", " Auto "}}).cache_reserve_auto);
+  for (const char* off : {"none", "0", " NONE "}) {
+    const config c = parse_config(vars{{"LAYERSWAP_CACHE_RESERVE", off}});
+    EXPECT_FALSE(c.cache_reserve_auto) << off;
+    EXPECT_EQ(c.cache_reserve, 0u) << off;
+    EXPECT_NE(c.describe().find("LAYERSWAP_CACHE_RESERVE=none\n"), std::string::npos) << off;
+  }
+  {
+    const config c = parse_config(vars{{"LAYERSWAP_CACHE_RESERVE", "256MiB"}});
+    EXPECT_FALSE(c.cache_reserve_auto);
+    EXPECT_EQ(c.cache_reserve, std::size_t{256} << 20);
+    EXPECT_NE(c.describe().find("LAYERSWAP_CACHE_RESERVE=256MiB\n"), std::string::npos) << c.describe();
+  }
   for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
-           {"LAYERSWAP_OVERSIZE", "0.5"}, {"LAYERSWAP_OVERSIZE", "17"}, {"LAYERSWAP_OVERSIZE", "nan"},
+           {"LAYERSWAP_CACHE_RESERVE", "some"}, {"LAYERSWAP_CACHE_RESERVE", "10%"},
+           {"LAYERSWAP_CACHE_RESERVE", "-1MiB"}, {"LAYERSWAP_OVERSIZE", "0.5"}, {"LAYERSWAP_OVERSIZE", "17"}, {"LAYERSWAP_OVERSIZE", "nan"},
            {"LAYERSWAP_OVERSIZE", "inf"}, {"LAYERSWAP_OVERSIZE", "2x"}, {"LAYERSWAP_OVERSIZE", "0x2"},
            {"LAYERSWAP_PREFETCH", "0"}, {"LAYERSWAP_PREFETCH", "many"}, {"LAYERSWAP_PIN", "middle:2"},
            {"LAYERSWAP_PIN", "first:x"}, {"LAYERSWAP_PIN", "first"}, {"LAYERSWAP_HOST_LIMIT", "lots"},

@@ -58,9 +58,9 @@ bool sim_holds(sim_driver& sim, void* p, std::size_t bytes, std::uint8_t v) {
 
 struct harness {
   explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true,
-                   bool skip_clean = true, bool sim_digests = true, double oversize = 1.0)
+                   bool skip_clean = true, bool sim_digests = true, double oversize = 1.0, bool cache_auto = false)
       : sim(make_sim(eager, sim_digests)),
-        alloc(sim, make_options(budget, thread, without_tracker, skip_clean, oversize)) {
+        alloc(sim, make_options(budget, thread, without_tracker, skip_clean, oversize, cache_auto)) {
     s1 = sim.create_stream();
     s2 = sim.create_stream();
     const stream_handle streams[] = {s1, s2};
@@ -74,9 +74,10 @@ struct harness {
     return o;
   }
   static allocator_options make_options(std::size_t budget, bool thread, bool without_tracker, bool skip_clean,
-                                        double oversize = 1.0) {
+                                        double oversize = 1.0, bool cache_auto = false) {
     allocator_options o;
     o.oversize = oversize;
+    o.residency.cache_reserve_auto = cache_auto;
     o.residency.skip_clean = skip_clean;
     o.budget = budget;
     o.va_reserve = 1024 * MiB;
@@ -846,6 +847,52 @@ TEST(Residency, PolicyKeepsTheReserveForActivations) {
   for (void* p : w) h.alloc.deallocate(p);
 }
 
+// Note [Cache reserve]: an allocation that finds no cached segment of its size and destroys another's grows the
+// automatic cache reserve, and the policy then keeps that much of its room free for the cache (evicting a forecast
+// region to make it). Without the reserve the forecast regions keep the room.
+TEST(Residency, CacheMissGrowsTheCacheReserve) {
+  for (const bool automatic : {false, true}) {
+    SCOPED_TRACE(automatic ? "auto" : "none");
+    fixed_forecast f;
+    harness h(32 * MiB, true, false, true, true, true, 1.0, automatic);
+    h.alloc.set_forecast_source(&f);
+    std::vector<void*> w;
+    for (int i = 0; i < 4; ++i) w.push_back(h.evicted(4 * MiB, static_cast<std::uint8_t>(0x50 + i)));
+    std::vector<region_id> order;
+    for (void* p : w) order.push_back(harness::id_of(p));
+    void* act = h.alloc.allocate(8 * MiB, h.s1);  // activations that cannot move
+    h.write(h.s1, act, 8 * MiB, 0x01);
+    f.set(order);
+    for (int i = 0; i < 6; ++i) h.alloc.residency_tick();
+    for (void* p : w) ASSERT_EQ(h.alloc.residency_of(p), region_residency::device);
+    h.alloc.deallocate(act);  // to the cache: 16 MiB of weights and 8 MiB cached, 8 MiB left in the budget
+    EXPECT_EQ(h.alloc.residency().cache_misses, 0);
+    void* other = h.alloc.allocate(10 * MiB, h.s1);  // another size: the cached 8 MiB segment is destroyed for it
+    h.write(h.s1, other, 10 * MiB, 0x02);
+    EXPECT_EQ(h.alloc.stats().num_reclaims, 1);
+    EXPECT_EQ(h.alloc.residency().cache_misses, 1);
+    for (int i = 0; i < 6; ++i) h.alloc.residency_tick();
+    const residency_stats r = h.alloc.residency();
+    std::size_t on_device = 0;
+    for (void* p : w) on_device += h.alloc.residency_of(p) == region_residency::device ? 4 * MiB : 0;
+    if (automatic) {
+      // capacity = 32 - 10 (transient) = 22 MiB; reserve min(10, 22 / 2) = 10 MiB; 12 MiB left for weights.
+      EXPECT_EQ(r.cache_reserve_bytes, static_cast<std::int64_t>(10 * MiB));
+      EXPECT_LE(on_device, 12 * MiB);
+      EXPECT_EQ(h.alloc.residency_of(w[3]), region_residency::host) << "the farthest weight makes the room";
+    } else {
+      EXPECT_EQ(r.cache_reserve_bytes, 0);
+      EXPECT_EQ(on_device, 16 * MiB);
+    }
+    for (int i = 0; i < 4; ++i) EXPECT_TRUE(h.holds(w[static_cast<std::size_t>(i)], 4 * MiB, 0x50 + i));
+    EXPECT_TRUE(h.holds(other, 10 * MiB, 0x02));
+    EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(32 * MiB));
+    h.expect_clean();
+    h.alloc.deallocate(other);
+    for (void* p : w) h.alloc.deallocate(p);
+  }
+}
+
 // Memory that cannot move usefully (a live region absent from the forecast: an activation) is never the policy's
 // victim while forecast regions can make the room.
 TEST(Residency, PolicyEvictsForecastRegionsNotActivations) {
@@ -1027,14 +1074,16 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   } restore;
   fixed_forecast f;  // outlives the allocator (and its migration thread)
   const double oversize = seed % 2 == 0 ? 2.0 : 1.0;  // Note [Oversize reuse] on every other seed
-  harness h(budget, eager, thread, true, true, true, oversize);
+  const bool cache_auto = (seed / 2) % 2 == 1;         // Note [Cache reserve] on half the seeds, both oversizes
+  harness h(budget, eager, thread, true, true, true, oversize, cache_auto);
   stream_handle streams[] = {h.s1, h.s2, nullptr};
   if (mode != forecast_mode::absent) h.alloc.set_forecast_source(&f);
   std::vector<live_alloc> live;
   std::vector<std::size_t> plan;  // indices into `live` of the next launches (the "right" forecast)
   std::size_t ooms = 0;
   SCOPED_TRACE("seed " + std::to_string(seed) + " budget " + std::to_string(budget >> 20) + " MiB eager " +
-               std::to_string(eager) + " thread " + std::to_string(thread) + " oversize " + std::to_string(oversize));
+               std::to_string(eager) + " thread " + std::to_string(thread) + " oversize " + std::to_string(oversize) +
+               " cache reserve " + (cache_auto ? "auto" : "none"));
 
   auto refresh_forecast = [&] {
     if (mode == forecast_mode::absent) return;
@@ -1155,14 +1204,18 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
     sum.stall_evictions += st.stall_evictions;
     sum.writeback_checked += st.writeback_checked;
     sum.writeback_skipped += st.writeback_skipped;
+    sum.cache_misses += st.cache_misses;
+    sum.cache_reserve_bytes = std::max(sum.cache_reserve_bytes, st.cache_reserve_bytes);
   }
   std::printf("  swapped: %lld evictions (%lld synchronous), %lld prefetches, %lld abandoned, %lld cancelled\n",
               static_cast<long long>(sum.evictions), static_cast<long long>(sum.stall_evictions),
               static_cast<long long>(sum.prefetches), static_cast<long long>(sum.abandoned),
               static_cast<long long>(sum.cancelled));
-  std::printf("  write-backs: %lld checked, %lld skipped (clean); oversize reuses: %lld\n",
+  std::printf("  write-backs: %lld checked, %lld skipped (clean); oversize reuses: %lld; cache misses %lld, "
+              "largest cache reserve at a seed's end %lld bytes\n",
               static_cast<long long>(sum.writeback_checked), static_cast<long long>(sum.writeback_skipped),
-              static_cast<long long>(reuses));
+              static_cast<long long>(reuses), static_cast<long long>(sum.cache_misses),
+              static_cast<long long>(sum.cache_reserve_bytes));
   EXPECT_GT(sum.evictions, 0);
   EXPECT_GT(sum.prefetches, 0);
   // Note [Write-back]: the random traces leave some regions unwritten between a prefetch and an eviction and write

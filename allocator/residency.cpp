@@ -271,8 +271,6 @@ struct residency_engine::impl {
   std::size_t host_bytes = 0;                              // host-located bytes in existence
   std::size_t max_transient = 0;  // the reserve for memory that cannot move (Note [Policy])
   std::size_t cache_grown = 0;    // the automatic cache reserve's bytes before its cap (Note [Cache reserve])
-  std::size_t cache_reserve = 0;  // ... and what the last policy round left to the cache
-  std::int64_t cache_misses = 0;
   bool forecast_applied = false;   // the last policy round had a forecast (ranks mean next uses)
   std::uint64_t pin_generation = ~std::uint64_t{0};
   residency_stats st;
@@ -1156,8 +1154,9 @@ struct residency_engine::impl {
     max_transient = std::max(max_transient, transient_bytes());
     std::size_t capacity = budget > max_transient ? budget - max_transient : 0;
     // Note [Cache reserve]
-    cache_reserve = options.cache_reserve_auto ? std::min(cache_grown, capacity / 2)
-                                               : std::min(options.cache_reserve, capacity);
+    const std::size_t cache_reserve = options.cache_reserve_auto ? std::min(cache_grown, capacity / 2)
+                                                                 : std::min(options.cache_reserve, capacity);
+    st.cache_reserve_bytes = static_cast<std::int64_t>(cache_reserve);
     capacity -= cache_reserve;
 
     // The wanted set: the forecast from the front, whole groups, within capacity and LAYERSWAP_PREFETCH. Each
@@ -1475,7 +1474,7 @@ bool residency_engine::evict_sync_locked() {
 }
 
 void residency_engine::note_cache_miss_locked(std::size_t bytes) {
-  ++impl_->cache_misses;
+  ++impl_->st.cache_misses;
   // Capped when applied (a half of the policy's room); bounded here only so that it cannot overflow.
   if (impl_->options.cache_reserve_auto) impl_->cache_grown = std::min(impl_->cache_grown + bytes, std::size_t{1} << 50);
 }
@@ -1577,8 +1576,6 @@ residency_stats residency_engine::stats_locked() const {
   s.remap_out_us = m.remap_out_ns.load(std::memory_order_relaxed) / 1000;
   s.chunks_created = m.chunks_created.load(std::memory_order_relaxed);
   s.spare_bytes = static_cast<std::int64_t>(m.spare_bytes);
-  s.cache_reserve_bytes = static_cast<std::int64_t>(m.cache_reserve);
-  s.cache_misses = m.cache_misses;
   for (const auto& [id, r] : m.regions) {
     if (!r->live) continue;
     ++s.regions_swappable;

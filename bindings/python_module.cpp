@@ -168,10 +168,7 @@ PYBIND11_MODULE(_C, m) {
     out["LAYERSWAP_WRITEBACK"] = c.writeback_always ? "always" : "skip-clean";
     char oversize[32];
     out["LAYERSWAP_OVERSIZE"] = std::string(oversize, std::to_chars(oversize, oversize + sizeof oversize, c.oversize).ptr);
-    out["LAYERSWAP_CACHE_RESERVE"] =
-        c.cache_reserve_auto ? "auto"
-        : c.cache_reserve    ? size_setting{size_setting::kind::bytes, static_cast<double>(c.cache_reserve)}.to_string()
-                             : "none";
+    out["LAYERSWAP_CACHE_RESERVE"] = cache_reserve_text(c);
     return out;
   }, "The settings in force, by variable name.");
   m.def("describe_config", [] { return global_config().describe(); });

@@ -280,6 +280,11 @@ const char* track_name(config::track_mode mode) noexcept {
   return "auto";
 }
 
+std::string cache_reserve_text(const config& c) {
+  if (c.cache_reserve_auto) return "auto";
+  return c.cache_reserve ? format_size(c.cache_reserve) : std::string("none");
+}
+
 // ---- sizes ----
 
 size_setting parse_size(std::string_view name, std::string_view value, bool allow_percent) {
@@ -439,9 +444,7 @@ std::string config::describe() const {
     const auto end = std::to_chars(text, text + sizeof text, oversize).ptr;
     line(row_oversize, std::string(text, end), "  (default)");
   }
-  line(row_cache_reserve,
-       cache_reserve_auto ? std::string("auto") : cache_reserve ? format_size(cache_reserve) : std::string("none"),
-       "  (default)");
+  line(row_cache_reserve, cache_reserve_text(*this), "  (default)");
   for (const auto& message : unknown) {
     out += message;
     out += '\n';

@@ -1,10 +1,18 @@
 """The launch tracker on a GPU: overhead per launch (PyTorch and C++) and coverage of one training step.
 
-    python bench/tracker.py [--processes 8] [--sides off,driver] [--cpu 2] [--out bench/results/tracker.json]
+    python bench/tracker.py [--abba-processes 3] [--processes 4] [--cpu 2] [--out bench/results/tracker.json]
+    python bench/tracker.py --self-test     # the estimates' arithmetic, no GPU
 
 Each measurement runs in a fresh subprocess (CUPTI state and torch's caches do not leak between them):
-  1. torch loop: blocks of 20,000 `a.add_(1)` on a 16-element tensor (launch-bound: the time is the CPU's time
-     to issue), layerswap enabled; microseconds per op. Sides (docs/tracker.md, "What it costs"):
+  0. torch loop, interleaved (the headline, added_us_per_launch_torch; Note [Interleaved blocks] at
+     child_torch_abba): --abba-processes processes, each alternating short blocks (--abba-n = 2,000 ops of
+     `a.add_(1)`, ~15 ms) of the shipped tracker (driver) and the tracker paused (CUPTI released: no subscriber,
+     so no callback), in ABBA quads, for --abba-seconds. Each quad gives on - paused; the headline is the median
+     over every quad of every process, with a 95% bootstrap interval, in wall time and in the thread's CPU time.
+     Long blocks in separate processes (below) drift by more than the tracker costs; adjacent short blocks share
+     the drift.
+  1. torch loop, across processes: blocks of 20,000 `a.add_(1)` on a 16-element tensor (launch-bound: the time is
+     the CPU's time to issue), layerswap enabled; microseconds per op. Sides (docs/tracker.md, "What it costs"):
        off                    LAYERSWAP_TRACK=0: CUPTI never loaded (its own processes)
        paused                 the tracker paused (CUPTI loaded once, unsubscribed)
        subscribe-only-both    CUPTI subscribed with the tracker's callbacks, runtime and driver, doing nothing
@@ -19,10 +27,10 @@ Each measurement runs in a fresh subprocess (CUPTI state and torch's caches do n
        - it warms the GPU and the core up (--warmup-s of continuous launches) before timing, and launches 1,000
          untimed ops after every switch of side;
        - it times --blocks blocks per side (median per process; garbage collection off while timing).
-     Headline processes run strictly alternating: off, driver, off, driver, ... (--processes of each). A driver
+     These processes run strictly alternating: off, driver, off, driver, ... (--processes of each). A driver
      process starts in the package's default mode (LAYERSWAP_TRACK_API unset; checked to be `driver`) and
-     alternates blocks of the tracker on and paused. Three estimates of the added time per launch:
-       added_us_per_launch_torch             median of driver process medians - median of off process medians
+     alternates blocks of the tracker on and paused. Three more estimates of the added time per launch:
+       added_us_per_launch_torch_processes   median of driver process medians - median of off process medians
        added_us_per_launch_torch_paired      median over every adjacent (off, driver) process pair of driver - off
        added_us_per_launch_torch_in_process  median over driver processes of (driver blocks - paused blocks)
      and torch_paused_minus_off checks that paused is a fair stand-in for off. Breakdown processes
@@ -40,8 +48,8 @@ Each measurement runs in a fresh subprocess (CUPTI state and torch's caches do n
      each phase. A launch counts as decoded when its arguments were read (a layout, an extra buffer, or a word
      that matched a region). Kernel families with launches where no argument resolved to a region are listed. Run
      twice: LAYERSWAP_TRACK_API=both (the headline decoded_fraction) and =driver (train_driver in the JSON).
-Writes bench/results/tracker.json (every block's time included) and prints progress and a table. About 3 to 4
-minutes on an H100 with the defaults (the torch loop starts no process that would end past --torch-budget-s).
+Writes bench/results/tracker.json (every block's time included) and prints progress and a table. About 3 minutes
+on an H200 with the defaults (the cross-process loop starts no process that would end past --torch-budget-s).
 Needs layerswap importable (pip install .) and a GPU; the parent process imports neither torch nor layerswap.
 """
 
@@ -205,6 +213,82 @@ def child_torch_loop(args):
         "launcher_cpus": format_cpus(os.sched_getaffinity(0)), "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__, "launches": st.get("launches", 0), "dropped": st.get("dropped", 0),
         "problem": st.get("problem", "")}), flush=True)
+
+
+def child_torch_abba(args):
+    """Note [Interleaved blocks]: short blocks of the tracker on (HEADLINE) and paused (CUPTI released), in ABBA
+    quads (on, paused, paused, on; then paused, on, on, paused; ...) for --abba-seconds. A quad's difference (mean
+    of its two on blocks - mean of its two paused blocks) cancels any drift that is linear over the quad's ~0.1 s,
+    which the process-to-process and block-to-block noise of the long blocks is not. Every block is preceded by
+    the same untimed launches (--abba-warm), whether or not the side switched. Wall and thread CPU time both."""
+    others = parse_cpus(args.other_cpus)
+    os.sched_setaffinity(0, others)
+    import torch
+    import layerswap
+    from layerswap import tracker
+
+    layerswap.enable()
+    ext = tracker._C()
+    if not tracker.is_active():
+        raise SystemExit(f"the tracker did not start: {tracker.stats().get('problem')}")
+    start_mode = dict(ext.tracker_mode())
+    a = torch.zeros(16, device="cuda")
+    state = {"on": True}
+
+    def switch(on):
+        if on == state["on"]:
+            return
+        if on:
+            if not tracker.resume():
+                raise SystemExit(f"the tracker did not resume: {tracker.stats().get('problem')}")
+        else:
+            tracker.pause()
+        state["on"] = on
+
+    def launch(n):
+        for _ in range(n):
+            a.add_(1)
+        torch.cuda.synchronize()
+
+    def block(on):
+        switch(on)
+        launch(args.abba_warm)
+        gc.collect()
+        gc.disable()
+        w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+        for _ in range(args.abba_n):
+            a.add_(1)
+        w1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+        torch.cuda.synchronize()
+        gc.enable()
+        return (w1 - w0) / args.abba_n / 1e3, (c1 - c0) / args.abba_n / 1e3
+
+    threads = pin_threads(args.cpu, others)
+    for on in (False, True):  # each side once (layouts, lazy loading), then the GPU and the core warm
+        switch(on)
+        launch(2000)
+    t_end = time.perf_counter() + args.warmup_s
+    while time.perf_counter() < t_end:
+        launch(1000)
+    quads = []  # [on wall, on cpu, paused wall, paused cpu] means per quad
+    t_end = time.perf_counter() + args.abba_seconds
+    lead_on = True
+    while time.perf_counter() < t_end or len(quads) < 4:
+        threads = max(threads, pin_threads(args.cpu, others))
+        order = (True, False, False, True) if lead_on else (False, True, True, False)
+        got = {True: [], False: []}
+        for on in order:
+            got[on].append(block(on))
+        quads.append([statistics.fmean(w for w, _ in got[True]), statistics.fmean(c for _, c in got[True]),
+                      statistics.fmean(w for w, _ in got[False]), statistics.fmean(c for _, c in got[False])])
+        lead_on = not lead_on
+        tracker.drain()  # keep the recent buffer small (as a learner would consume it)
+    switch(True)
+    st = tracker.stats()
+    print("RESULT " + json.dumps({
+        "quads": quads, "start_mode": start_mode, "threads": threads, "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__, "launcher_cpus": format_cpus(os.sched_getaffinity(0)),
+        "dropped": st.get("dropped", 0), "problem": st.get("problem", "")}), flush=True)
 
 
 def family(name):
@@ -409,6 +493,96 @@ def rounded(values):
     return [round(v, 4) for v in values]
 
 
+def bootstrap_median_ci(values, resamples=2000, seed=0):
+    """95% percentile-bootstrap interval of the median of `values` (a fixed seed: the same data, the same interval)."""
+    import random
+    rng = random.Random(seed)
+    k = len(values)
+    meds = sorted(statistics.median(rng.choices(values, k=k)) for _ in range(resamples))
+    return [round(meds[int(0.025 * resamples)], 4), round(meds[int(0.975 * resamples) - 1], 4)]
+
+
+def run_torch_abba(args, log):
+    """Note [Interleaved blocks]: --abba-processes processes, each alternating short blocks of the tracker on and
+    paused in ABBA quads. Returns the JSON fields; the headline is the median of every quad's difference."""
+    others = pin_plan(args.cpu, args.pin)
+    env = {"LAYERSWAP": "1", "LAYERSWAP_TRACE": "none", "LAYERSWAP_TRACK": "1"}
+    common = ["--abba-seconds", str(args.abba_seconds), "--abba-n", str(args.abba_n), "--abba-warm",
+              str(args.abba_warm), "--warmup-s", str(args.warmup_s), "--cpu", str(args.cpu), "--other-cpus",
+              format_cpus(others)]
+    log(f"torch loop, interleaved: {args.abba_processes} processes x {args.abba_seconds:.0f} s of ABBA quads of "
+        f"{args.abba_n}-op blocks (tracker {HEADLINE} / paused), launching thread on cpu {args.cpu}")
+    t0 = time.time()
+    procs = []
+    for i in range(args.abba_processes):
+        t = time.time()
+        r = run_child("torch-abba", env, 120 + 2 * args.abba_seconds, common, env_drop=("LAYERSWAP_TRACK_API",))
+        if r["start_mode"] != {"api": HEADLINE, "subscribe_only": False}:
+            raise SystemExit(f"the tracker started in {r['start_mode']}, not in {HEADLINE!r}: update HEADLINE")
+        procs.append({"index": i, "wall_s": round(time.time() - t, 2), "threads": r["threads"],
+                      "launcher_cpus": r["launcher_cpus"], "dropped": r["dropped"], **summarize_quads(r["quads"]),
+                      "device": r["device"], "torch": r["torch"]})
+        p = procs[-1]
+        log(f"  process {i + 1}: {p['quads']} quads, {HEADLINE} {p['on_us']:.3f} / paused {p['paused_us']:.3f} us/op, "
+            f"added {p['added_us']:+.3f} us (wall), {p['added_cpu_us']:+.3f} us (thread CPU); {p['wall_s']:.1f} s")
+    return {"device": procs[0]["device"], "torch": procs[0]["torch"], **pool_quads(procs),
+            "setup": {"cpu": args.cpu, "other_cpus": format_cpus(others), "n": args.abba_n, "warm": args.abba_warm,
+                      "seconds_per_process": args.abba_seconds, "processes": args.abba_processes,
+                      "seconds": round(time.time() - t0, 1)},
+            "processes": [{k: v for k, v in p.items() if k not in ("device", "torch")} for p in procs]}
+
+
+def summarize_quads(quads):
+    """One interleaved process's quads ([on wall, on cpu, paused wall, paused cpu] us per op) -> its figures."""
+    wall = [on - off for on, _, off, _ in quads]
+    cpu = [on - off for _, on, _, off in quads]
+    return {"quads": len(quads), "added_us": round(statistics.median(wall), 4),
+            "added_cpu_us": round(statistics.median(cpu), 4),
+            "on_us": round(statistics.median(on for on, _, _, _ in quads), 4),
+            "paused_us": round(statistics.median(off for _, _, off, _ in quads), 4),
+            "quad_diffs_us": rounded(wall), "quad_cpu_diffs_us": rounded(cpu)}
+
+
+def pool_quads(procs):
+    """Every process's quad differences pooled: the median (the headline) with its 95% bootstrap interval."""
+    wall = [d for p in procs for d in p["quad_diffs_us"]]
+    cpu = [d for p in procs for d in p["quad_cpu_diffs_us"]]
+    return {
+        "added_us": round(statistics.median(wall), 4),
+        "added_us_ci95": bootstrap_median_ci(wall),
+        "added_cpu_us": round(statistics.median(cpu), 4),
+        "added_cpu_us_ci95": bootstrap_median_ci(cpu),
+        "quads": len(wall), "quads_over_1us": sum(d > 1.0 for d in wall),
+        "quad_spread": spread(wall),
+        "on_us_per_op": round(statistics.median(p["on_us"] for p in procs), 4),
+        "paused_us_per_op": round(statistics.median(p["paused_us"] for p in procs), 4),
+        "process_added_us": [p["added_us"] for p in procs],
+    }
+
+
+def self_test():
+    """The interleaved estimate's arithmetic on made-up quads (no GPU): a known offset is found under a drift of the
+    baseline across the quads, and the bootstrap interval is reproducible, holds the median and is narrow."""
+    import random
+    rng = random.Random(1)
+    quads, t = [], 0.0
+    for i in range(200):  # the paused side drifts from 7 to 9 us/op; the tracker adds 0.5 us; noise of 0.3 us
+        base = 7.0 + 2.0 * i / 200
+        noise = [rng.gauss(0, 0.3) for _ in range(4)]
+        quads.append([base + 0.5 + noise[0], base + 0.4 + noise[1], base + noise[2], base + noise[3]])
+    p = summarize_quads(quads)
+    assert p["quads"] == 200 and abs(p["added_us"] - 0.5) < 0.1 and abs(p["added_cpu_us"] - 0.4) < 0.1, p
+    assert abs(p["paused_us"] - 8.0) < 0.2 and abs(p["on_us"] - 8.5) < 0.2, p
+    pooled = pool_quads([p, summarize_quads(quads[:50])])
+    assert pooled["quads"] == 250 and pooled["process_added_us"] == [p["added_us"], pooled["process_added_us"][1]]
+    lo, hi = pooled["added_us_ci95"]
+    assert lo <= pooled["added_us"] <= hi and hi - lo < 0.2, pooled
+    assert bootstrap_median_ci([1.0, 2.0, 3.0, 4.0]) == bootstrap_median_ci([1.0, 2.0, 3.0, 4.0])
+    assert bootstrap_median_ci([2.0] * 9) == [2.0, 2.0]
+    assert pooled["quads_over_1us"] == sum(d > 1.0 for d in p["quad_diffs_us"] + p["quad_diffs_us"][:50])
+    print("tracker.py self-test: ok")
+
+
 def run_torch_loop(args, log):
     """Note [Process noise]: the headline processes (off, driver, off, driver, ...), then the breakdown processes.
     Returns the JSON fields of the torch loop."""
@@ -560,11 +734,18 @@ def main():
                     help=f"torch-loop sides: off and {HEADLINE} (the headline, always measured) and any of "
                          f"{', '.join(s for s in SIDES if s != HEADLINE)} (breakdown processes); "
                          f"'--sides off,{HEADLINE}' runs no breakdown processes (default: all)")
-    ap.add_argument("--processes", type=int, default=8, help=f"processes of each headline side, off and {HEADLINE}, "
-                    "run alternating (default 8)")
-    ap.add_argument("--breakdown-processes", type=int, default=2,
+    ap.add_argument("--abba-processes", type=int, default=3,
+                    help="processes of the interleaved measurement (the headline; Note [Interleaved blocks]; default 3)")
+    ap.add_argument("--abba-seconds", type=float, default=20.0, help="seconds of ABBA quads per process (default 20)")
+    ap.add_argument("--abba-n", type=int, default=2000, help="ops per interleaved block (default 2000)")
+    ap.add_argument("--abba-warm", type=int, default=200,
+                    help="untimed ops before every interleaved block (default 200)")
+    ap.add_argument("--processes", type=int, default=4, help=f"processes of each cross-process side, off and "
+                    f"{HEADLINE}, run alternating (default 4)")
+    ap.add_argument("--breakdown-processes", type=int, default=1,
                     help="processes timing every side of --sides in one process, after the headline (default 2)")
-    ap.add_argument("--blocks", type=int, default=6, help="timed blocks per side in each process (default 6)")
+    ap.add_argument("--blocks", type=int, default=6, help="timed blocks per side in each cross-process "
+                    "process (default 6)")
     ap.add_argument("--n", type=int, default=20_000, help="ops per timed block (default 20000)")
     ap.add_argument("--warmup-s", type=float, default=1.0,
                     help="seconds of untimed launches in each process before timing (default 1)")
@@ -573,14 +754,19 @@ def main():
     ap.add_argument("--pin", choices=("thread", "process"), default="thread",
                     help="thread: only the launching thread on --cpu, the others on the other cores minus --cpu's "
                          "SMT siblings (default); process: every thread of the process on --cpu")
-    ap.add_argument("--torch-budget-s", type=float, default=140.0,
+    ap.add_argument("--torch-budget-s", type=float, default=80.0,
                     help="no new torch-loop process once it would end past this many seconds (at least 2 pairs "
-                         "run; default 140)")
+                         "run; default 80)")
     ap.add_argument("--other-cpus", help=argparse.SUPPRESS)  # for the children
     ap.add_argument("--skip-train-driver", action="store_true", help="train once, with LAYERSWAP_TRACK_API=both")
+    ap.add_argument("--self-test", action="store_true", help="test the estimates' arithmetic (no GPU) and exit")
     args = ap.parse_args()
+    if args.self_test:
+        return self_test()
     if args.child == "torch-loop":
         return child_torch_loop(args)
+    if args.child == "torch-abba":
+        return child_torch_abba(args)
     if args.child == "train":
         return child_train()
 
@@ -590,8 +776,10 @@ def main():
         ap.error(f"unknown side(s) {', '.join(unknown)} in --sides; the sides are off, {', '.join(SIDES)}")
     if "off" not in sides or HEADLINE not in sides:
         ap.error(f"--sides must hold off and {HEADLINE} (the headline compares them): {args.sides}")
-    if min(args.processes, args.blocks, args.n) < 1 or args.breakdown_processes < 0:
-        ap.error("--processes, --blocks and --n must be at least 1, --breakdown-processes at least 0")
+    if min(args.processes, args.blocks, args.n, args.abba_processes, args.abba_n) < 1 or args.breakdown_processes < 0 \
+            or args.abba_warm < 0 or args.abba_seconds <= 0:
+        ap.error("--processes, --blocks, --n, --abba-processes and --abba-n must be at least 1, --breakdown-processes "
+                 "and --abba-warm at least 0, --abba-seconds above 0")
     pin_plan(args.cpu, args.pin)  # a bad --cpu fails here, before any child
 
     t_start = time.time()
@@ -599,6 +787,9 @@ def main():
     def log(line):
         print(f"[{time.time() - t_start:6.1f} s] {line}", flush=True)
 
+    abba = run_torch_abba(args, log)
+    log(f"torch loop, interleaved: added per launch {abba['added_us']:+.3f} us, 95% interval {abba['added_us_ci95']} "
+        f"over {abba['quads']} quads ({abba['added_cpu_us']:+.3f} us of thread CPU)")
     tl = run_torch_loop(args, log)
     log(f"torch loop done: added per launch {tl['added_us_per_launch_torch']:+.3f} us (process medians), "
         f"{tl['added_us_per_launch_torch_paired']:+.3f} (adjacent pairs), "
@@ -617,10 +808,15 @@ def main():
 
     decoded_fraction = train["decoded"] / max(train["launches"], 1)
     m = train["missing"]
-    torch_added = tl["added_us_per_launch_torch"]
+    torch_added = abba["added_us"]
     result = {
         "device": device,
-        **{k: v for k, v in tl.items() if k != "device"},
+        "added_us_per_launch_torch": torch_added,
+        "added_us_per_launch_torch_ci95": abba["added_us_ci95"],
+        "added_cpu_us_per_launch_torch": abba["added_cpu_us"],
+        "torch_interleaved": {k: v for k, v in abba.items() if k not in ("device", "torch")},
+        **{k: v for k, v in tl.items() if k not in ("device", "added_us_per_launch_torch")},
+        "added_us_per_launch_torch_processes": tl["added_us_per_launch_torch"],
         "added_us_per_launch_cpp": cpp.get("added_us"),
         "added_us_per_launch_cpp_driver": cpp_driver,
         "cpp_us_per_launch_with_tracker": cpp.get("with_us"),
@@ -656,6 +852,8 @@ def main():
             "every_param_or_grad_in_backward": not m["backward"],
             "every_param_in_optimizer": not m["optimizer"],
             "torch_added_us<=1": torch_added <= 1.0,
+            "torch_added_us_ci95_upper<=1": abba["added_us_ci95"][1] <= 1.0,
+            "torch_added_us_processes<=1": tl["added_us_per_launch_torch"] <= 1.0,
             "torch_added_us_paired<=1": tl["added_us_per_launch_torch_paired"] <= 1.0,
             "cpp_added_us<=1": cpp.get("added_us") is not None and cpp["added_us"] <= 1.0,
             "cpp_added_us_driver<=1": cpp_driver is not None and cpp_driver <= 1.0,
@@ -674,7 +872,12 @@ def main():
         ("device", device),
         (f"torch add_ us/op {HEADLINE} / off (medians of process medians)",
          f"{tl['torch_us_per_op_with_tracker']:.3f} / {tl['torch_us_per_op_without_tracker']:.3f}"),
-        ("added us per launch (torch)", f"{torch_added:.3f}"),
+        ("added us per launch (torch, interleaved ABBA quads)",
+         f"{torch_added:.3f}, 95% interval {abba['added_us_ci95']}, over {abba['quads']} quads "
+         f"({abba['quads_over_1us']} over 1 us); thread CPU {abba['added_cpu_us']:.3f} "
+         f"{abba['added_cpu_us_ci95']}; per process {abba['process_added_us']}"),
+        (f"  interleaved {HEADLINE} / paused us/op", f"{abba['on_us_per_op']:.3f} / {abba['paused_us_per_op']:.3f}"),
+        ("added us per launch (torch, process medians)", f"{tl['added_us_per_launch_torch']:.3f}"),
         (f"  adjacent (off, {HEADLINE}) pairs: median [min, max]",
          f"{paired['median']:.3f} [{paired['min']:.3f}, {paired['max']:.3f}] over {paired['n']} pairs "
          f"({paired['pairs_over_1us']} over 1 us)"),

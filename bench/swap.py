@@ -1140,7 +1140,8 @@ def run_all(args, save=lambda res: None, runner_class=None):
         for case, fractions in plan:
             run_cfg = {"case": case, "device": args.device, "quick": args.quick, "steps": args.steps,
                        "warmup": args.warmup, "batch": args.batch, "seq": args.seq, "seed": args.seed,
-                       "unet_batch": args.unet_batch, "unet_resolution": args.unet_resolution}
+                       "unet_batch": args.unet_batch, "unet_resolution": args.unet_resolution,
+                       "llama": args.llama_size}
             resident = runner.run("resident", run_cfg, tag=f"{case} resident")
             res.setdefault("torch", resident.get("torch"))
             if res["device"] == args.device and resident.get("device"):
@@ -1460,6 +1461,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=None, help="steps left out of the median (default 5; 2 with --quick)")
     p.add_argument("--batch", type=int, default=None, help="Llama batch (default 1; 2 with --quick)")
     p.add_argument("--seq", type=int, default=None, help="Llama sequence length (default 1024; 32 with --quick)")
+    p.add_argument("--llama-size", default="1b", choices=("1b", "3b"),
+                   help="the Llama cases' model: 1b (~1.1 B, 22 layers, hidden 2048; default) or 3b (~2.8 B, 26 "
+                        "layers, hidden 3072: DESIGN.md's peer model)")
     p.add_argument("--unet-batch", type=int, default=0, help="UNet batch (default: the model size's, 8)")
     p.add_argument("--unet-resolution", type=int, default=0, help="UNet resolution (default: the size's, 64)")
     p.add_argument("--seed", type=int, default=0)

@@ -86,6 +86,10 @@ class UNetSize:
     batch: int = 8
 
 
+# --llama-size: the default ~1.1 B (TinyLlama's shape) and DESIGN.md's peer model, ~2.8 B (26 layers, hidden 3072,
+# MLP 8192, 24 heads, 8 KV heads: Llama 3.2 3B's shape with 26 layers and a 32000 vocab).
+LLAMA_SIZES = {"1b": LlamaSize(),
+               "3b": LlamaSize(hidden=3072, layers=26, intermediate=8192, heads=24, kv_heads=8)}
 QUICK_LLAMA = LlamaSize(hidden=64, layers=4, intermediate=176, heads=4, kv_heads=2, vocab=512, lora_r=4)
 QUICK_UNET = UNetSize(in_channels=3, channels=(16, 32), blocks_per_level=1, groups=4, resolution=16, batch=2)
 
@@ -104,9 +108,14 @@ class RunConfig:
     lr: float = 1e-4
     unet_batch: int = 0       # 0: the size's default
     unet_resolution: int = 0  # 0: the size's default
+    llama: str = "1b"         # a key of LLAMA_SIZES
 
     def llama_size(self):
-        return QUICK_LLAMA if self.quick else LlamaSize()
+        if self.quick:
+            return QUICK_LLAMA
+        if self.llama not in LLAMA_SIZES:
+            raise ValueError(f"unknown Llama size {self.llama!r}; the sizes are {', '.join(LLAMA_SIZES)}")
+        return LLAMA_SIZES[self.llama]
 
     def unet_size(self):
         size = QUICK_UNET if self.quick else UNetSize()
@@ -339,7 +348,8 @@ def build_case(cfg):
         opt = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0 if lora else 0.01,
                                 foreach=lora)
         batches = sample.make_batches(size.vocab, cfg.batch, cfg.seq, cfg.steps, cfg.seed)
-        describe = {"arch": "LlamaForCausalLM (transformers, sdpa)", **asdict(size), "batch": cfg.batch,
+        describe = {"arch": "LlamaForCausalLM (transformers, sdpa)", "size": "quick" if cfg.quick else cfg.llama,
+                    **asdict(size), "batch": cfg.batch,
                     "seq": cfg.seq, "dtype": "bfloat16",
                     "training": ("LoRA r=%d on q,k,v,o (peft; adapters fp32), AdamW foreach" % size.lora_r) if lora
                     else "full fine-tune, AdamW (foreach=False, state bf16 like the parameters)"}

@@ -73,6 +73,8 @@
 #include "allocator/caching_allocator.hpp"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cinttypes>
@@ -197,9 +199,28 @@ struct pending_free {
 
 }  // namespace
 
+// Note [Free without a second lock]
+//   A free first has to find its allocator (registry.cpp, owner_of: one per device). That used to be owns(), which
+//   takes the allocator's mutex, and deallocate() then took it again: two acquisitions per free, the first not
+//   counted in the lock-wait statistics. The migration thread holds that mutex for its policy rounds, so under
+//   a budget a free could wait twice (seen on the H200 in stack samples of the Llama LoRA benchmark). owner_of now
+//   asks in_arena(): is the pointer inside a VA arena this allocator reserved? Arenas are only ever added while the
+//   allocator lives (released by its destructor), and each is published in a fixed array of atomics (base, end)
+//   before the count that covers it, so a reader that sees the count sees the range. VA ranges of different
+//   allocators never overlap, and none of ours can be a pointer of the CUDA runtime's own allocator, so the answer
+//   names the right allocator; deallocate() still checks, under its lock, that the pointer is a live block.
+//   Arenas beyond k_published_arenas are answered under the mutex (owns()), as before.
+inline constexpr std::size_t k_published_arenas = 64;
+
 struct caching_allocator::impl final : detail::page_source {
   impl(driver& p, allocator_options o);
   ~impl() override;
+
+  // Note [Free without a second lock]: the arenas' VA ranges, readable without the mutex.
+  std::array<std::atomic<device_ptr>, k_published_arenas> arena_begin{};
+  std::array<std::atomic<device_ptr>, k_published_arenas> arena_end{};
+  std::atomic<std::size_t> arenas_published{0};
+  std::atomic<bool> arenas_overflow{false};
 
   driver& port;
   allocator_options options;
@@ -410,7 +431,15 @@ device_ptr caching_allocator::impl::reserve_va_locked(std::size_t npages) {
   if (total > npages) a->free_runs.emplace(npages, total - npages);
   LAYERSWAP_LOG(info, "device %d: reserved a %s virtual address arena", st.device, format_bytes(bytes).c_str());
   arenas.push_back(std::move(a));
-  return arenas.back()->base;
+  const arena& added = *arenas.back();
+  if (const std::size_t n = arenas_published.load(std::memory_order_relaxed); n < k_published_arenas) {
+    arena_begin[n].store(added.base, std::memory_order_relaxed);
+    arena_end[n].store(added.base + added.bytes, std::memory_order_relaxed);
+    arenas_published.store(n + 1, std::memory_order_release);  // Note [Free without a second lock]
+  } else {
+    arenas_overflow.store(true, std::memory_order_release);
+  }
+  return added.base;
 }
 
 void caching_allocator::impl::release_va_locked(device_ptr va, std::size_t npages) {
@@ -1151,6 +1180,23 @@ bool caching_allocator::owns(const void* ptr) const noexcept {
   return impl_->owner_locked(reinterpret_cast<device_ptr>(ptr)) != nullptr;
 }
 
+bool caching_allocator::in_arena(const void* ptr) const noexcept {
+  const auto p = reinterpret_cast<device_ptr>(ptr);
+  const impl& m = *impl_;
+  const std::size_t n = m.arenas_published.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (p >= m.arena_begin[i].load(std::memory_order_relaxed) && p < m.arena_end[i].load(std::memory_order_relaxed)) {
+      return true;
+    }
+  }
+  if (!m.arenas_overflow.load(std::memory_order_acquire)) return false;
+  std::lock_guard lock(m.mutex);  // more arenas than the published array holds: ask the owner table
+  for (const auto& a : m.arenas) {
+    if (p >= a->base && p - a->base < a->bytes) return true;
+  }
+  return false;
+}
+
 std::pair<void*, std::size_t> caching_allocator::block_of(const void* ptr) const noexcept {
   const auto p = reinterpret_cast<device_ptr>(ptr);
   std::lock_guard lock(impl_->mutex);
@@ -1233,6 +1279,11 @@ bool caching_allocator::request_prefetch(const void* ptr) {
   std::lock_guard lock(impl_->mutex);
   segment* seg = impl_->owner_locked(reinterpret_cast<device_ptr>(ptr));
   return seg && seg->swap && impl_->engine->request_locked(seg->swap, true);
+}
+
+void caching_allocator::with_lock_for_test(const std::function<void()>& fn) const {
+  std::lock_guard lock(impl_->mutex);
+  fn();
 }
 
 void caching_allocator::verify() const {

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -91,7 +92,11 @@ class caching_allocator {
   void reset_peak_stats();
   void reset_accumulated_stats();
 
+  // Whether `ptr` is in a live segment of this allocator (takes the mutex).
   [[nodiscard]] bool owns(const void* ptr) const noexcept;
+  // Whether `ptr` lies in virtual address space this allocator reserved, live segment or not: lock-free, for
+  // finding the allocator a free belongs to (owner_of; Note [Free without a second lock] in caching_allocator.cpp).
+  [[nodiscard]] bool in_arena(const void* ptr) const noexcept;
   // Start and size of the block holding `ptr` (the allocation it belongs to); {nullptr, 0} if not ours.
   [[nodiscard]] std::pair<void*, std::size_t> block_of(const void* ptr) const noexcept;
   // The largest request that could be served now without reclaiming or exceeding the budget.
@@ -122,6 +127,9 @@ class caching_allocator {
   // Checks every internal invariant (no overlapping blocks, accounting, budget, owner table) and throws
   // layerswap::error describing the first violation. For tests; takes the lock.
   void verify() const;
+  // Runs `fn` with the allocator's mutex held, as the migration thread's policy rounds do. For tests of what must
+  // not need the mutex (in_arena).
+  void with_lock_for_test(const std::function<void()>& fn) const;
 
  private:
   struct impl;

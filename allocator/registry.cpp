@@ -142,7 +142,7 @@ caching_allocator* owner_of(const void* ptr) noexcept {
   if (s.created.load(std::memory_order_acquire) == 0) return nullptr;
   for (auto& slot : s.allocators) {
     caching_allocator* a = slot.load(std::memory_order_acquire);
-    if (a && a->owns(ptr)) return a;
+    if (a && a->in_arena(ptr)) return a;  // lock-free (Note [Free without a second lock])
   }
   return nullptr;
 }

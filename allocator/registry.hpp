@@ -24,7 +24,8 @@ void configure(std::span<const std::pair<std::string, std::string>> overrides);
 
 // The allocator of `device`, created on first use. Throws cuda_error when no GPU/driver is usable.
 [[nodiscard]] caching_allocator& allocator_for(int device);
-// The allocator that owns `ptr`, or nullptr. Never throws; O(devices).
+// The allocator whose reserved virtual address space holds `ptr` (a live block or not: its deallocate() checks),
+// or nullptr. Never throws; lock-free, O(devices).
 [[nodiscard]] caching_allocator* owner_of(const void* ptr) noexcept;
 // Allocators created so far (device order; entries may be null).
 [[nodiscard]] std::vector<caching_allocator*> allocators() noexcept;

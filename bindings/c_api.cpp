@@ -45,7 +45,7 @@ LAYERSWAP_EXPORT void* layerswap_malloc(ssize_t size, int device, void* stream) 
 LAYERSWAP_EXPORT void layerswap_free(void* ptr, ssize_t /*size*/, int /*device*/, void* /*stream*/) noexcept {
   if (!ptr) return;
   if (layerswap::caching_allocator* a = layerswap::owner_of(ptr)) {
-    a->deallocate(ptr);
+    if (!a->deallocate(ptr)) remember("layerswap: layerswap_free of a pointer that is not a live layerswap block");
   } else {
     remember("layerswap: layerswap_free of a pointer layerswap did not allocate");
   }

@@ -72,7 +72,7 @@ LAYERSWAP_INTERPOSE cuda_status cudaFree(void* ptr) {
   if (ptr) {
     if (layerswap::caching_allocator* a = layerswap::owner_of(ptr)) {
       const cuda_status st = sync ? sync() : k_success;  // as the real cudaFree does
-      a->deallocate(ptr);
+      if (!a->deallocate(ptr)) return k_invalid_value;  // in layerswap's VA, but not a live block (a double free)
       return st;
     }
   }

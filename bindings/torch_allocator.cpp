@@ -258,7 +258,7 @@ torch_allocator& adapter() {
 void raw_delete_fn(void* ptr) {
   if (!ptr) return;
   if (caching_allocator* a = owner_of(ptr)) {
-    a->deallocate(ptr);
+    if (!a->deallocate(ptr)) LAYERSWAP_LOG(warn, "free of %p, which is not a live layerswap block; ignored", ptr);
     return;
   }
   LAYERSWAP_LOG(warn, "free of %p, which layerswap did not allocate; ignored", ptr);

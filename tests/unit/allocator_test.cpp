@@ -81,6 +81,43 @@ TEST(Allocator, ForeignPointersAreRefusedAndCounted) {
   alloc.verify();
 }
 
+// Note [Free without a second lock]: in_arena() answers for the VA the allocator reserved, without its mutex (held
+// here by another thread, so a locking answer would block); owns() is the exact answer, under the mutex.
+TEST(Allocator, InArenaAnswersWithoutTheMutexAndOwnsStaysExact) {
+  sim_driver sim;
+  allocator_options opts;
+  opts.va_reserve = 8 * k_mib;  // small arenas, so that a second one is reserved
+  caching_allocator alloc(sim, opts);
+  void* small = alloc.allocate(4096, nullptr);
+  void* large = alloc.allocate(6 * k_mib, nullptr);
+  void* other = alloc.allocate(6 * k_mib, nullptr);  // does not fit beside `large`: a new arena
+  int local = 0;
+  std::atomic<bool> held{false}, release{false};
+  std::thread holder([&] {
+    alloc.with_lock_for_test([&] {
+      held = true;
+      while (!release) std::this_thread::yield();
+    });
+  });
+  while (!held) std::this_thread::yield();
+  EXPECT_TRUE(alloc.in_arena(small));
+  EXPECT_TRUE(alloc.in_arena(large));
+  EXPECT_TRUE(alloc.in_arena(static_cast<char*>(large) + 6 * k_mib - 1));
+  EXPECT_TRUE(alloc.in_arena(other));
+  EXPECT_FALSE(alloc.in_arena(&local));
+  release = true;
+  holder.join();
+  EXPECT_TRUE(alloc.owns(large));
+  EXPECT_TRUE(alloc.deallocate(large));
+  alloc.empty_cache();  // the segment is destroyed: its VA stays reserved
+  EXPECT_TRUE(alloc.in_arena(large));
+  EXPECT_FALSE(alloc.owns(large));
+  EXPECT_FALSE(alloc.deallocate(large));  // in the arena, but no live block: refused and counted
+  EXPECT_EQ(alloc.stats().num_foreign_frees, 1);
+  for (void* p : {small, other}) EXPECT_TRUE(alloc.deallocate(p));
+  alloc.verify();
+}
+
 TEST(Allocator, FreedBlockIsReusedAtOnceOnItsStreamOnly) {
   sim_options o;
   o.eager = false;

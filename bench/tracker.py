@@ -735,7 +735,8 @@ def main():
                          f"{', '.join(s for s in SIDES if s != HEADLINE)} (breakdown processes); "
                          f"'--sides off,{HEADLINE}' runs no breakdown processes (default: all)")
     ap.add_argument("--abba-processes", type=int, default=3,
-                    help="processes of the interleaved measurement (the headline; Note [Interleaved blocks]; default 3)")
+                    help="processes of the interleaved measurement (the headline; Note [Interleaved blocks]; "
+                         "default 3)")
     ap.add_argument("--abba-seconds", type=float, default=20.0, help="seconds of ABBA quads per process (default 20)")
     ap.add_argument("--abba-n", type=int, default=2000, help="ops per interleaved block (default 2000)")
     ap.add_argument("--abba-warm", type=int, default=200,

@@ -565,7 +565,7 @@ def self_test():
     baseline across the quads, and the bootstrap interval is reproducible, holds the median and is narrow."""
     import random
     rng = random.Random(1)
-    quads, t = [], 0.0
+    quads = []
     for i in range(200):  # the paused side drifts from 7 to 9 us/op; the tracker adds 0.5 us; noise of 0.3 us
         base = 7.0 + 2.0 * i / 200
         noise = [rng.gauss(0, 0.3) for _ in range(4)]

@@ -3,7 +3,6 @@
 cuMemRelease of one device allocation, by size (median of --reps), on an idle GPU. A large segment the allocator
 makes under a tight budget pays create + map + access, and its destruction unmap (+ release when its chunk does not
 fit the next request): residency.cpp, Note [Chunks]. Prints a table and writes JSON to --out."""
-import argparse
 import ctypes
 import json
 import time
@@ -11,19 +10,13 @@ import time
 import torch
 
 from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOCATION_TYPE_PINNED, \
-    CU_MEM_LOCATION_TYPE_DEVICE, Access, Loc, Prop, ck, reserve_va, timed_map_access_unmap
+    CU_MEM_LOCATION_TYPE_DEVICE, Access, Loc, Prop, ck, open_driver, reserve_va, size_probe_args, \
+    timed_map_access_unmap
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mib", default="2,8,22,32,128", help="chunk sizes in MiB, comma-separated")
-    ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--out", default="vmm_create_probe.json")
-    a = ap.parse_args()
-    torch.zeros(1, device="cuda")
-    cu = ctypes.CDLL("libcuda.so.1")
-
-    dev = torch.cuda.current_device()
+    a = size_probe_args("2,8,22,32,128", 15, "vmm_create_probe.json", "chunk sizes in MiB, comma-separated")
+    cu, dev = open_driver()
     gran = 2 << 20
     sizes = [int(x) << 20 for x in a.mib.split(",")]
     va = reserve_va(cu, max(sizes), gran)

@@ -7,7 +7,6 @@ type the driver takes (HOST, HOST_NUMA node 0, HOST_NUMA_CURRENT), read-write an
 machine's transparent-huge-page mode and hugepage pool, so it can be rerun after changing them (as root:
 `echo always > /sys/kernel/mm/transparent_hugepage/enabled; echo 8192 > /proc/sys/vm/nr_hugepages`). Prints one
 JSON line per row and writes them to --out."""
-import argparse
 import ctypes
 import json
 import os
@@ -17,7 +16,8 @@ import time
 import torch
 
 from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOCATION_TYPE_PINNED, \
-    CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST, Access, Loc, Prop, ck, reserve_va, timed_map_access_unmap
+    CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST, Access, Loc, Prop, ck, open_driver, reserve_va, \
+    size_probe_args, timed_map_access_unmap
 
 CU_MEM_LOCATION_TYPE_HOST_NUMA = 3
 CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 4
@@ -60,14 +60,8 @@ def time_one(cu, dev, loc_type, mib, reps, flags):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mib", default="32,128", help="allocation sizes in MiB, comma-separated (default 32,128)")
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--out", default="vmm_host_probe.json")
-    a = ap.parse_args()
-    torch.zeros(1, device="cuda")
-    cu = ctypes.CDLL("libcuda.so.1")
-    dev = torch.cuda.current_device()
+    a = size_probe_args("32,128", 7, "vmm_host_probe.json", "allocation sizes in MiB, comma-separated (default 32,128)")
+    cu, dev = open_driver()
     rw, ro = CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ACCESS_FLAGS_PROT_READ
     kinds = [("device", CU_MEM_LOCATION_TYPE_DEVICE, rw), ("host", CU_MEM_LOCATION_TYPE_HOST, rw),
              ("host_numa0", CU_MEM_LOCATION_TYPE_HOST_NUMA, rw),

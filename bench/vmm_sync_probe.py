@@ -43,6 +43,21 @@ def ck(r, what):
         raise RuntimeError(f"{what} failed: {r}")
 
 
+def size_probe_args(mib, reps, out, mib_help):
+    """The command line of a probe that times allocations by size: --mib (comma-separated MiB), --reps, --out."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", default=mib, help=mib_help)
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--out", default=out)
+    return ap.parse_args()
+
+
+def open_driver():
+    """torch's CUDA context made current; libcuda and the device index, for a probe's driver calls."""
+    torch.zeros(1, device="cuda")
+    return ctypes.CDLL("libcuda.so.1"), torch.cuda.current_device()
+
+
 def reserve_va(cu, size, gran):
     """A VA range of `size` bytes, `gran`-aligned (cuMemAddressReserve), as a c_ulonglong."""
     va = ctypes.c_ulonglong()

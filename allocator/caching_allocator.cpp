@@ -287,6 +287,7 @@ struct caching_allocator::impl final : detail::page_source {
 
   // ---- helpers, all *_locked ----
   stream_pool* pool_for_locked(stream_handle stream);
+  const arena* arena_of_locked(device_ptr p) const noexcept;  // the arena whose VA holds p, or nullptr
   segment* owner_locked(device_ptr p) const noexcept;
   void* allocate_small_locked(std::size_t bytes, stream_pool* pool);
   void* allocate_large_locked(std::size_t bytes, stream_pool* pool);
@@ -394,11 +395,16 @@ stream_pool* caching_allocator::impl::pool_for_locked(stream_handle stream) {
   return last_pool = pools.back().get();
 }
 
-segment* caching_allocator::impl::owner_locked(device_ptr p) const noexcept {
+const arena* caching_allocator::impl::arena_of_locked(device_ptr p) const noexcept {
   for (const auto& a : arenas) {
-    if (p >= a->base && p - a->base < a->bytes) return a->owner[(p - a->base) >> gran_shift];
+    if (p >= a->base && p - a->base < a->bytes) return a.get();
   }
   return nullptr;
+}
+
+segment* caching_allocator::impl::owner_locked(device_ptr p) const noexcept {
+  const arena* a = arena_of_locked(p);
+  return a ? a->owner[(p - a->base) >> gran_shift] : nullptr;
 }
 
 event_handle caching_allocator::impl::take_event_locked() {
@@ -1193,10 +1199,7 @@ bool caching_allocator::in_arena(const void* ptr) const noexcept {
   }
   if (!m.arenas_overflow.load(std::memory_order_acquire)) return false;
   std::lock_guard lock(m.mutex);  // more arenas than the published array holds: ask the owner table
-  for (const auto& a : m.arenas) {
-    if (p >= a->base && p - a->base < a->bytes) return true;
-  }
-  return false;
+  return m.arena_of_locked(p) != nullptr;
 }
 
 std::pair<void*, std::size_t> caching_allocator::block_of(const void* ptr) const noexcept {

@@ -132,6 +132,27 @@ def pin_threads(cpu, others):
 
 # ---------------------------------------------------------------------------------------------- children
 
+def launch_ops(torch, a, n):
+    """n untimed `a.add_(1)` launches, then a device sync."""
+    for _ in range(n):
+        a.add_(1)
+    torch.cuda.synchronize()
+
+
+def time_ops(torch, a, n):
+    """n `a.add_(1)` launches timed on the host with garbage collection off: (wall, thread CPU) microseconds per op."""
+    gc.collect()
+    gc.disable()
+    torch.cuda.synchronize()
+    w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+    for _ in range(n):
+        a.add_(1)
+    w1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+    torch.cuda.synchronize()
+    gc.enable()
+    return (w1 - w0) / n / 1e3, (c1 - c0) / n / 1e3
+
+
 SIDES = {  # name: (paused, api, subscribe_only); "off" is a process of its own (LAYERSWAP_TRACK=0)
     "paused": (True, "both", False),
     "subscribe-only-both": (False, "both", True),
@@ -174,21 +195,7 @@ def child_torch_loop(args):
         assert (mode["api"], mode["subscribe_only"]) == (api, subscribe_only), (side, mode)
 
     def launch(n):
-        for _ in range(n):
-            a.add_(1)
-        torch.cuda.synchronize()
-
-    def timed():
-        gc.collect()
-        gc.disable()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        for _ in range(args.n):
-            a.add_(1)
-        t1 = time.perf_counter_ns()
-        torch.cuda.synchronize()
-        gc.enable()
-        return (t1 - t0) / args.n / 1e3
+        launch_ops(torch, a, n)
 
     threads = pin_threads(args.cpu, others)
     for side in sides:  # each mode once (the layout cache, lazy module loading), then the GPU and the core warm
@@ -205,7 +212,7 @@ def child_torch_loop(args):
             switch(side)
             threads = max(threads, pin_threads(args.cpu, others))  # threads started since inherit the launcher's core
             launch(1000)
-            per_side[side].append(timed())
+            per_side[side].append(time_ops(torch, a, args.n)[0])
             tracker.drain()  # keep the recent buffer small (as a learner would consume it)
     st = tracker.stats()
     print("RESULT " + json.dumps({
@@ -246,22 +253,12 @@ def child_torch_abba(args):
         state["on"] = on
 
     def launch(n):
-        for _ in range(n):
-            a.add_(1)
-        torch.cuda.synchronize()
+        launch_ops(torch, a, n)
 
     def block(on):
         switch(on)
         launch(args.abba_warm)
-        gc.collect()
-        gc.disable()
-        w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
-        for _ in range(args.abba_n):
-            a.add_(1)
-        w1, c1 = time.perf_counter_ns(), time.thread_time_ns()
-        torch.cuda.synchronize()
-        gc.enable()
-        return (w1 - w0) / args.abba_n / 1e3, (c1 - c0) / args.abba_n / 1e3
+        return time_ops(torch, a, args.abba_n)
 
     threads = pin_threads(args.cpu, others)
     for on in (False, True):  # each side once (layouts, lazy loading), then the GPU and the core warm

@@ -1113,6 +1113,7 @@ def run_all(args, save=lambda res: None, runner_class=None):
                         "seed": args.seed, "margin_bytes": margin, "fractions": {c: f for c, f in plan},
                         "peer_cases": sorted(peer_cases), "peer_fraction": args.peer_fraction,
                         "worker_timeout_s": args.worker_timeout, "deadline_s": args.deadline,
+                        "pin_threads": bool(args.pin_threads or args.pin_cores), "pin_cores": args.pin_cores or None,
                         "budget_rule": "budget = fraction * movable + transient + margin, rounded up to 2 MiB; "
                                        "movable = parameter + gradient + optimizer-state bytes; transient = the "
                                        "resident run's peak of allocated minus the movable bytes allocated at that "
@@ -1141,7 +1142,7 @@ def run_all(args, save=lambda res: None, runner_class=None):
             run_cfg = {"case": case, "device": args.device, "quick": args.quick, "steps": args.steps,
                        "warmup": args.warmup, "batch": args.batch, "seq": args.seq, "seed": args.seed,
                        "unet_batch": args.unet_batch, "unet_resolution": args.unet_resolution,
-                       "llama": args.llama_size}
+                       "llama": args.llama_size, "pin_threads": args.pin_threads or bool(args.pin_cores), "pin_cores": args.pin_cores}
             resident = runner.run("resident", run_cfg, tag=f"{case} resident")
             res.setdefault("torch", resident.get("torch"))
             if res["device"] == args.device and resident.get("device"):
@@ -1467,6 +1468,13 @@ def parse_args(argv=None):
     p.add_argument("--unet-batch", type=int, default=0, help="UNet batch (default: the model size's, 8)")
     p.add_argument("--unet-resolution", type=int, default=0, help="UNet resolution (default: the size's, 64)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pin-threads", action="store_true",
+                   help="before the timed steps, give the Python thread, PyTorch's autograd thread and layerswap's "
+                        "threads a core each and the other threads the rest, in every side (less noise between "
+                        "runs)")
+    p.add_argument("--pin-cores", default="", metavar="P,A,M,L",
+                   help="with --pin-threads: the cores of the Python thread, the autograd thread, layerswap-move and "
+                        "layerswap-learn (default: every other core from the third: 2,4,6,8)")
     p.add_argument("--margin-mib", type=float, default=None,
                    help="budget margin over fraction*movable + transient, MiB (default 256; 16 with --quick)")
     p.add_argument("--ls-env", action="append", default=[], metavar="LAYERSWAP_X=V",

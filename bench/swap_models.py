@@ -34,6 +34,7 @@ import os
 import pathlib
 import statistics
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -109,6 +110,8 @@ class RunConfig:
     unet_batch: int = 0       # 0: the size's default
     unet_resolution: int = 0  # 0: the size's default
     llama: str = "1b"         # a key of LLAMA_SIZES
+    pin_threads: bool = False  # pin the busy threads to cores of their own before the timed steps (pin_threads())
+    pin_cores: str = ""        # their cores, comma-separated in PINNED_THREADS' order ("": pin_threads() picks)
 
     def llama_size(self):
         if self.quick:
@@ -511,6 +514,46 @@ def thread_time_per_step(before, after, steps):
     return dict(sorted(by_name.items(), key=lambda kv: -kv[1]["cpu_s"]))
 
 
+# The threads pin_threads() gives a core of their own, by name, in the order they take the cores; None: the thread
+# that trains (the Python thread).
+PINNED_THREADS = (None, "pt_autograd_0", "layerswap-move", "layerswap-learn")
+
+
+def pin_threads(cores_wanted="", log=print):
+    """Gives each busy thread of this process a core of its own and every other thread the cores left, so that the
+    scheduler neither moves the busy threads between cores nor puts two of them on one (--pin-threads). The cores
+    are `cores_wanted` (comma-separated, in PINNED_THREADS' order) or else every other one of this process's allowed
+    cores from the third, so that neighbours stay free. Returns {thread name: core}, or {} where the machine has too
+    few cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    if cores_wanted:
+        wanted = [int(c) for c in cores_wanted.split(",")]
+        if len(wanted) != len(PINNED_THREADS) or not set(wanted) <= set(cores):
+            raise ValueError(f"--pin-cores {cores_wanted!r}: give {len(PINNED_THREADS)} of the allowed cores "
+                             f"{cores}, comma-separated")
+    else:
+        wanted = cores[2::2][:len(PINNED_THREADS)]
+    if len(wanted) < len(PINNED_THREADS):
+        log(f"pin_threads: {len(cores)} cores are too few to pin {len(PINNED_THREADS)} threads; not pinned")
+        return {}
+    rest = [c for c in cores if c not in wanted]
+    main = threading.get_native_id()
+    names = {int(tid): name for tid, (name, _, _) in thread_times().items()}
+    placed = {}
+    for tid, name in names.items():
+        key = None if tid == main else name
+        if key in PINNED_THREADS and key not in placed:
+            core = wanted[PINNED_THREADS.index(key)]
+            placed[key] = core
+        else:
+            core = None
+        try:
+            os.sched_setaffinity(tid, {core} if core is not None else set(rest))
+        except OSError:
+            pass  # the thread ended
+    return {("python" if k is None else k): v for k, v in placed.items()}
+
+
 def note_timed_window(start, end):
     """Appends "pid start end" (CLOCK_MONOTONIC seconds) of the timed steps to the file PERF_THREADS_WINDOWS names,
     when it is set: bench/perf_threads.sh reports each process's threads over that window alone."""
@@ -544,6 +587,8 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     threads_before, steal_before, window_start = {}, None, None
     for step, batch in enumerate(built.batches):
         if step == cfg.warmup:
+            if cfg.pin_threads:
+                record["pinned_threads"] = pin_threads(cfg.pin_cores, log)
             threads_before = thread_times()
             steal_before = cpu_steal_s()
             window_start = time.monotonic()

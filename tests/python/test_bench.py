@@ -32,3 +32,28 @@ def test_thread_time_per_step():
     assert any(name for name, _, _ in now.values()) and all(run >= 0 for _, run, _ in now.values())
     steal = swap_models.cpu_steal_s()
     assert steal is None or steal >= 0
+
+
+def test_pin_threads(monkeypatch):
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(BENCH))
+    import threading
+
+    import swap_models
+
+    calls = []
+    monkeypatch.setattr(swap_models.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(swap_models.os, "sched_setaffinity", lambda tid, cores: calls.append((tid, set(cores))))
+    worker = threading.Thread(target=threading.Event().wait, args=(5,), name="other", daemon=True)
+    worker.start()
+    got = swap_models.pin_threads(log=lambda s: None)
+    assert got == {"python": 2}  # the only busy thread here: the one that trains
+    pinned = dict(calls)
+    assert pinned[threading.get_native_id()] == {2}
+    assert pinned[worker.native_id] == set(range(16)) - {2, 4, 6, 8}  # the others keep the rest
+    calls.clear()
+    assert swap_models.pin_threads("3,5,7,9", log=lambda s: None) == {"python": 3}
+    with pytest.raises(ValueError, match="--pin-cores"):
+        swap_models.pin_threads("1,2", log=lambda s: None)
+    monkeypatch.setattr(swap_models.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert swap_models.pin_threads(log=lambda s: None) == {}  # too few cores: nothing pinned

@@ -1380,8 +1380,9 @@ void residency_engine::tick() {
   // once: apply_forecast keeps the entries' regions (upcoming), the wanted set is a stamp on the regions
   // (wanted_round), its order and each group's run reuse scratch vectors. On the simulated device
   // (tests/perf/policy_round_bench.cpp) that took a round from 18-27 us to 7-10 us; on the H200 the mutex time of
-  // a 1.1B LoRA step fell from 0.011 to 0.005 s (nothing to move) and from 0.010 to 0.006-0.007 s (25% budget).
-  // A longer period (4 ms) was tried and changed nothing measurable.
+  // a 1.1B LoRA step fell from 0.011 to 0.005 s with nothing to move; at a 25% budget it was 0.006-0.011 s in three
+  // calls (0.010-0.011 before), where the allocator's housekeeping (maintain: fence queries and records, driver
+  // calls) is now much of a round. A longer period (4 ms) was tried and changed nothing measurable.
   const auto now = std::chrono::steady_clock::now();
   if (!failure && (!m.options.thread || !finished.empty() || gate::waiting() != 0 ||
                    now - m.last_policy >= k_policy_period)) {

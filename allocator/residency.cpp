@@ -310,7 +310,7 @@ struct residency_engine::impl {
   std::unordered_map<std::uint32_t, std::vector<std::size_t>> group_entries;
   // ... guarded by `mutex`: the last forecast's regions (nullptr: not a region), the wanted set in order, one
   // group's run, and the round count that stamps the wanted set (Note [Policy rounds]).
-  std::vector<swap_region*> upcoming;
+  std::vector<swap_region*> forecast_regions;
   std::vector<swap_region*> order_scratch;
   std::vector<swap_region*> run_scratch;
   std::uint64_t policy_round = 0;
@@ -1101,12 +1101,12 @@ struct residency_engine::impl {
   void apply_forecast(const forecast* f) {
     for (auto& [id, r] : regions) r->rank = k_far;
     forecast_applied = f != nullptr;
-    upcoming.clear();
+    forecast_regions.clear();
     if (!f) return;
-    upcoming.reserve(f->upcoming.size());
+    forecast_regions.reserve(f->upcoming.size());
     for (std::size_t i = 0; i < f->upcoming.size(); ++i) {
       auto it = regions.find(f->upcoming[i].region);
-      upcoming.push_back(it == regions.end() ? nullptr : it->second.get());
+      forecast_regions.push_back(it == regions.end() ? nullptr : it->second.get());
       if (it == regions.end()) continue;
       it->second->rank = i;
       it->second->group = f->upcoming[i].group;
@@ -1178,7 +1178,7 @@ struct residency_engine::impl {
       if (f.upcoming[i].group != 0) group_entries[f.upcoming[i].group].push_back(i);
     }
     // Note [Policy rounds]: the wanted set is a stamp on the regions and the forecast's regions were looked up
-    // once, by apply_forecast (upcoming), so a round allocates nothing and hashes each entry once.
+    // once, by apply_forecast (forecast_regions), so a round allocates nothing and hashes each entry once.
     const std::uint64_t round = ++policy_round;
     std::vector<swap_region*>& order = order_scratch;
     std::vector<swap_region*>& run = run_scratch;
@@ -1191,7 +1191,7 @@ struct residency_engine::impl {
       const std::uint32_t g = f.upcoming[i].group;
       run.clear();
       auto add = [&](std::size_t k) {
-        swap_region* r = upcoming[k];
+        swap_region* r = forecast_regions[k];
         if (!r || !r->live || r->wanted_round == round) return;
         if (std::find(run.begin(), run.end(), r) == run.end()) run.push_back(r);
       };
@@ -1377,7 +1377,7 @@ void residency_engine::tick() {
   // or launches wait for a prefetch, else at most every k_policy_period: a round holds the allocator mutex, and
   // the program's allocations wait meanwhile (a LoRA step allocates every ~25 us, so nearly every round makes
   // one wait). A tick called by hand always runs it. So a round allocates nothing and looks each forecast entry up
-  // once: apply_forecast keeps the entries' regions (upcoming), the wanted set is a stamp on the regions
+  // once: apply_forecast keeps the entries' regions (forecast_regions), the wanted set is a stamp on the regions
   // (wanted_round), its order and each group's run reuse scratch vectors. On the simulated device
   // (tests/perf/policy_round_bench.cpp) that took a round from 18-27 us to 7-10 us; on the H200 the mutex time of
   // a 1.1B LoRA step fell from 0.011 to 0.005 s with nothing to move; at a 25% budget it was 0.006-0.011 s in three

@@ -1107,13 +1107,14 @@ def run_all(args, save=lambda res: None, runner_class=None):
     plan = parse_cases(args.cases, args.quick)
     peer_cases = set(args.peer_cases.split(",")) if args.peer_cases else set()
     margin = int(args.margin_mib * MIB)
+    pin = args.pin_threads or bool(args.pin_cores)  # --pin-cores implies --pin-threads
     res = {"benchmark": "swap", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": args.device, "quick": bool(args.quick), "h2d_gbps": None, "d2h_gbps": None,
            "settings": {"steps": args.steps, "warmup": args.warmup, "batch": args.batch, "seq": args.seq,
                         "seed": args.seed, "margin_bytes": margin, "fractions": {c: f for c, f in plan},
                         "peer_cases": sorted(peer_cases), "peer_fraction": args.peer_fraction,
                         "worker_timeout_s": args.worker_timeout, "deadline_s": args.deadline,
-                        "pin_threads": bool(args.pin_threads or args.pin_cores), "pin_cores": args.pin_cores or None,
+                        "pin_threads": pin, "pin_cores": args.pin_cores or None,
                         "budget_rule": "budget = fraction * movable + transient + margin, rounded up to 2 MiB; "
                                        "movable = parameter + gradient + optimizer-state bytes; transient = the "
                                        "resident run's peak of allocated minus the movable bytes allocated at that "
@@ -1142,7 +1143,7 @@ def run_all(args, save=lambda res: None, runner_class=None):
             run_cfg = {"case": case, "device": args.device, "quick": args.quick, "steps": args.steps,
                        "warmup": args.warmup, "batch": args.batch, "seq": args.seq, "seed": args.seed,
                        "unet_batch": args.unet_batch, "unet_resolution": args.unet_resolution,
-                       "llama": args.llama_size, "pin_threads": args.pin_threads or bool(args.pin_cores), "pin_cores": args.pin_cores}
+                       "llama": args.llama_size, "pin_threads": pin, "pin_cores": args.pin_cores}
             resident = runner.run("resident", run_cfg, tag=f"{case} resident")
             res.setdefault("torch", resident.get("torch"))
             if res["device"] == args.device and resident.get("device"):

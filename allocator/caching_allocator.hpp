@@ -61,6 +61,7 @@ struct allocator_stats {
   std::int64_t stall_us = 0;          // time allocations spent in synchronous evictions (residency.cpp)
   std::int64_t num_lock_waits = 0;    // allocate/deallocate calls that found the allocator's mutex taken
   std::int64_t lock_wait_us = 0;      // ... and the time they waited for it
+  std::int64_t num_lock_spins = 0;    // ... of which got it while spinning, before sleeping (Note [Waiting for the mutex])
   std::int64_t num_calls = 0;         // allocate/deallocate calls
   std::int64_t call_ns = 0;           // ... and the time spent inside them, lock waits included
   std::int64_t num_foreign_frees = 0; // deallocate() of pointers this allocator does not own

@@ -225,22 +225,25 @@ struct move {
   std::uint64_t started = 0;         // order of the moves' starts (evict_sync_locked waits for the oldest eviction)
 };
 
-struct swap_region {
-  region_id id = 0;
-  device_ptr va = 0;
+struct alignas(64) swap_region {
+  // What a policy round reads of every forecast region first, in one cache line (Note [Policy rounds]).
   std::size_t bytes = 0;
+  std::unique_ptr<move> mv;
+  std::uint64_t rank = k_far;     // index in the last forecast; k_far: absent
+  std::uint64_t wanted_round = 0;  // the last policy round that wanted it (Note [Policy rounds])
+  region_id id = 0;
+  std::uint32_t group = 0;
+  region_residency state = region_residency::device;
+  bool live = false;
+  bool pinned = false;
+  bool busy = false;  // the migration thread is remapping it without the mutex (Note [Remaps outside the lock])
+  // The rest.
+  device_ptr va = 0;
   std::size_t npages = 0;
   device_chunk chunk;  // its device memory, while it is device-backed (Note [Chunks])
   host_backing host;   // empty until the first eviction
-  bool busy = false;  // the migration thread is remapping it without the mutex (Note [Remaps outside the lock])
-  region_residency state = region_residency::device;
-  std::unique_ptr<move> mv;
-  bool live = false;
-  bool pinned = false;
   std::uint64_t evicted_seq = 0;  // gate sequence when it went to host (demand detection without a forecast)
-  std::uint64_t rank = k_far;     // index in the last forecast; k_far: absent
-  std::uint32_t group = 0;
-  std::uint64_t wanted_round = 0;  // the last policy round that wanted it (Note [Policy rounds])
+  std::size_t moving_at = 0;       // its index in impl::moving while it has a move
   std::size_t flag_slot = k_no_slot;  // its word in the hold flags (Note [Holds])
   // Note [Write-back]
   std::size_t digest_slot = k_no_slot;  // its two result words
@@ -248,6 +251,71 @@ struct swap_region {
   bool digest_known = false;
   std::uint8_t dirty_checks = 0;        // consecutive checks that found it dirty
   std::uint8_t unchecked = 0;           // evictions left that copy without a check
+};
+
+// Region id -> region, for the policy's lookups of every forecast entry each round (Note [Policy rounds]): one
+// contiguous open-addressing table (linear probing, deletion by backward shift), a few KiB that stay in cache,
+// where the unordered_map that owns the regions costs a bucket and a node per lookup.
+class region_index {
+ public:
+  [[nodiscard]] swap_region* find(region_id id) const noexcept {
+    if (size_ == 0) return nullptr;
+    for (std::size_t i = home(id);; i = (i + 1) & mask_) {
+      if (slots_[i].id == id) return slots_[i].region;
+      if (slots_[i].id == 0) return nullptr;
+    }
+  }
+  // Adds `id`, or points it at `r` when present.
+  void insert(region_id id, swap_region* r) {
+    if ((size_ + 1) * 2 > slots_.size()) rehash(std::max<std::size_t>(64, slots_.size() * 2));
+    std::size_t i = home(id);
+    while (slots_[i].id != 0 && slots_[i].id != id) i = (i + 1) & mask_;
+    if (slots_[i].id == 0) ++size_;
+    slots_[i] = {id, r};
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  void erase(region_id id) noexcept {
+    if (size_ == 0) return;
+    std::size_t i = home(id);
+    while (slots_[i].id != id) {
+      if (slots_[i].id == 0) return;
+      i = (i + 1) & mask_;
+    }
+    slots_[i] = {};
+    --size_;
+    // Backward shift: pull later entries of the probe run into the hole when their home allows it.
+    for (std::size_t j = (i + 1) & mask_; slots_[j].id != 0; j = (j + 1) & mask_) {
+      if (((j - home(slots_[j].id)) & mask_) >= ((j - i) & mask_)) {
+        slots_[i] = slots_[j];
+        slots_[j] = {};
+        i = j;
+      }
+    }
+  }
+
+ private:
+  struct slot {
+    region_id id = 0;  // 0: empty (region ids start at 1)
+    swap_region* region = nullptr;
+  };
+  [[nodiscard]] std::size_t home(region_id id) const noexcept {
+    return static_cast<std::size_t>((std::uint64_t{id} * 0x9E3779B97F4A7C15ull) >> 32) & mask_;
+  }
+  void place(region_id id, swap_region* r) noexcept {
+    std::size_t i = home(id);
+    while (slots_[i].id != 0) i = (i + 1) & mask_;
+    slots_[i] = {id, r};
+  }
+  void rehash(std::size_t capacity) {
+    std::vector<slot> old = std::exchange(slots_, std::vector<slot>(capacity));
+    mask_ = capacity - 1;
+    for (const slot& e : old) {
+      if (e.id != 0) place(e.id, e.region);
+    }
+  }
+  std::vector<slot> slots_;
+  std::size_t mask_ = 0;
+  std::size_t size_ = 0;
 };
 
 struct residency_engine::impl {
@@ -262,6 +330,7 @@ struct residency_engine::impl {
 
   // ---- guarded by `mutex` ----
   std::unordered_map<region_id, std::unique_ptr<swap_region>> regions;
+  region_index index;  // the same regions, for lookups
   std::vector<stream_handle> streams{nullptr};  // streams launches may use; the legacy stream always
   stream_handle d2h = nullptr;
   stream_handle h2d = nullptr;
@@ -276,6 +345,8 @@ struct residency_engine::impl {
   std::uint64_t pin_generation = ~std::uint64_t{0};
   residency_stats st;
   std::size_t moves = 0;
+  std::vector<swap_region*> moving;  // the regions with a move (moves of them), in no order (Note [Policy rounds])
+  std::vector<swap_region*> poll_scratch;
   std::size_t busy = 0;                 // regions being remapped outside the mutex
   std::condition_variable busy_cv;      // signalled (mutex held) when a remap outside the mutex ends
   std::vector<swap_region*> starting;   // prefetches the policy left for tick() to start without the mutex
@@ -307,7 +378,10 @@ struct residency_engine::impl {
   std::mutex tick_mutex;  // serializes tick() (the thread, and tests calling it)
   forecast fc;            // guarded by tick_mutex
   // The policy's scratch: each group's entries in the forecast, in order (kept to reuse its memory).
-  std::unordered_map<std::uint32_t, std::vector<std::size_t>> group_entries;
+  // (group, entry index) of the forecast's grouped entries, sorted: a group's entries are one run, in order; and
+  // each grouped entry's position in it (Note [Policy rounds]).
+  std::vector<std::pair<std::uint32_t, std::size_t>> group_entries;
+  std::vector<std::size_t> group_position;
   // ... guarded by `mutex`: the last forecast's regions (nullptr: not a region), the wanted set in order, one
   // group's run, and the round count that stamps the wanted set (Note [Policy rounds]).
   std::vector<swap_region*> forecast_regions;
@@ -843,6 +917,8 @@ struct residency_engine::impl {
     r.mv = std::move(m);
     r.state = state;
     ++moves;
+    r.moving_at = moving.size();
+    moving.push_back(&r);
     if (state == region_residency::moving_in) gate::set_incoming(r.id, true);  // Note [Waiting for a prefetch]
   }
 
@@ -967,6 +1043,9 @@ struct residency_engine::impl {
     if (incoming) release_hold(r, *r.mv);  // abandoned or cancelled: held launches run on the host copy
     r.mv.reset();
     --moves;
+    moving[r.moving_at] = moving.back();
+    moving[r.moving_at]->moving_at = r.moving_at;
+    moving.pop_back();
     if (incoming) gate::set_incoming(r.id, false);  // abandoned prefetches release their waiters too
   }
 
@@ -1046,8 +1125,9 @@ struct residency_engine::impl {
   std::vector<swap_region*> poll_moves() {
     std::vector<swap_region*> ready;
     if (moves == 0) return ready;
-    for (auto& [id, r] : regions) {
-      if (!r->busy && copy_done(*r) && begin_finish(*r)) ready.push_back(r.get());
+    poll_scratch = moving;  // copy_done and begin_finish may end moves (abandoned, cancelled)
+    for (swap_region* r : poll_scratch) {
+      if (!r->busy && copy_done(*r) && begin_finish(*r)) ready.push_back(r);
     }
     return ready;
   }
@@ -1062,18 +1142,40 @@ struct residency_engine::impl {
   // The resident region to evict next: farthest next use (Note [Policy]). `forecast_only`: regions absent from
   // the forecast (activations, which cannot move usefully: DESIGN.md invariant 6) are not candidates.
   // `excluded(region)`: true for a region that must not be the victim.
+  // The gate's last use (a line the launching threads write) is read only to break a tie of ranks: forecast
+  // regions have distinct ranks, so a forecast-only search reads none (Note [Policy rounds]).
   template <class Excluded>
   swap_region* pick_victim(const Excluded& excluded, bool forecast_only) {
     swap_region* best = nullptr;
     std::uint64_t best_last = 0;
+    bool best_last_read = false;
     for (auto& [id, r] : regions) {
       if (!r->live || r->pinned || r->mv || r->state != region_residency::device) continue;
       if (forecast_only && r->rank == k_far) continue;
       if (excluded(*r)) continue;
+      if (!best || r->rank != best->rank) {
+        if (!best || r->rank > best->rank) best = r.get(), best_last_read = false;
+        continue;
+      }
+      if (!best_last_read) best_last = gate::last_use(best->id), best_last_read = true;
       const std::uint64_t last = gate::last_use(id);
-      if (!best || farther(*r, last, *best, best_last)) best = r.get(), best_last = last;
+      if (farther(*r, last, *best, best_last)) best = r.get(), best_last = last;
     }
     return best;
+  }
+
+  // The forecast region to evict next for the policy: pick_victim(excluded, true) without a pass over every region.
+  // Forecast regions have distinct ranks, and the farthest next use is the highest rank, so the first eligible one
+  // from the back of the forecast is the one (Note [Policy rounds]).
+  template <class Excluded>
+  swap_region* pick_forecast_victim(const Excluded& excluded) {
+    for (std::size_t i = forecast_regions.size(); i-- > 0;) {
+      swap_region* r = forecast_regions[i];
+      if (!r || r->rank != i) continue;  // a region listed twice is ranked by its last entry
+      if (!r->live || r->pinned || r->mv || r->state != region_residency::device || excluded(*r)) continue;
+      return r;
+    }
+    return nullptr;
   }
 
   // Pages a prefetch can take now without reclaiming: pooled ones, spare chunks and the budget's headroom.
@@ -1088,8 +1190,9 @@ struct residency_engine::impl {
   // activations, partly used slabs and regions absent from the forecast (Note [Policy]).
   [[nodiscard]] std::size_t transient_bytes() const {
     std::size_t forecast_device = 0;
-    for (const auto& [id, r] : regions) {
-      if (r->rank == k_far) continue;
+    for (std::size_t i = 0; i < forecast_regions.size(); ++i) {  // the regions with a rank (Note [Policy rounds])
+      const swap_region* r = forecast_regions[i];
+      if (!r || r->rank != i) continue;
       if (r->state == region_residency::device || r->state == region_residency::moving_out) forecast_device += r->bytes;
       if (r->mv && r->mv->to_device) forecast_device += r->bytes;
     }
@@ -1099,17 +1202,19 @@ struct residency_engine::impl {
   }
 
   void apply_forecast(const forecast* f) {
-    for (auto& [id, r] : regions) r->rank = k_far;
+    for (swap_region* r : forecast_regions) {  // only the last forecast's regions have a rank
+      if (r) r->rank = k_far;
+    }
     forecast_applied = f != nullptr;
     forecast_regions.clear();
     if (!f) return;
     forecast_regions.reserve(f->upcoming.size());
     for (std::size_t i = 0; i < f->upcoming.size(); ++i) {
-      auto it = regions.find(f->upcoming[i].region);
-      forecast_regions.push_back(it == regions.end() ? nullptr : it->second.get());
-      if (it == regions.end()) continue;
-      it->second->rank = i;
-      it->second->group = f->upcoming[i].group;
+      swap_region* r = index.find(f->upcoming[i].region);
+      forecast_regions.push_back(r);
+      if (!r) continue;
+      r->rank = i;
+      r->group = f->upcoming[i].group;
     }
     if (options.pin.any() && f->generation != pin_generation) update_pins(*f);
   }
@@ -1173,10 +1278,13 @@ struct residency_engine::impl {
 
     // The wanted set: the forecast from the front, whole groups, within capacity and LAYERSWAP_PREFETCH. Each
     // group's entries are indexed first, in one pass: a round then costs O(forecast), not O(forecast^2).
-    for (auto& [g, entries] : group_entries) entries.clear();
+    group_entries.clear();
     for (std::size_t i = 0; i < f.upcoming.size(); ++i) {
-      if (f.upcoming[i].group != 0) group_entries[f.upcoming[i].group].push_back(i);
+      if (f.upcoming[i].group != 0) group_entries.emplace_back(f.upcoming[i].group, i);
     }
+    std::sort(group_entries.begin(), group_entries.end());
+    group_position.resize(f.upcoming.size());
+    for (std::size_t p = 0; p < group_entries.size(); ++p) group_position[group_entries[p].second] = p;
     // Note [Policy rounds]: the wanted set is a stamp on the regions and the forecast's regions were looked up
     // once, by apply_forecast (forecast_regions), so a round allocates nothing and hashes each entry once.
     const std::uint64_t round = ++policy_round;
@@ -1197,8 +1305,8 @@ struct residency_engine::impl {
       };
       add(i);
       if (g != 0) {
-        for (std::size_t k : group_entries[g]) {
-          if (k > i) add(k);
+        for (std::size_t p = group_position[i] + 1; p < group_entries.size() && group_entries[p].first == g; ++p) {
+          add(group_entries[p].second);  // the group's later entries
         }
       }
       std::size_t run_bytes = 0;
@@ -1217,8 +1325,9 @@ struct residency_engine::impl {
     // (Belady), as many as that takes, at once: an eviction waits for the launches already enqueued (its
     // fences), so it has to start long before its pages are needed.
     std::size_t committed = 0;
-    for (auto& [id, r] : regions) {
-      if (r->rank == k_far || !r->live) continue;
+    for (std::size_t i = 0; i < forecast_regions.size(); ++i) {
+      const swap_region* r = forecast_regions[i];
+      if (!r || r->rank != i || !r->live) continue;
       if (r->state == region_residency::device || r->state == region_residency::moving_in) committed += r->bytes;
     }
     std::size_t need = 0;
@@ -1226,7 +1335,7 @@ struct residency_engine::impl {
       if (r->state == region_residency::host && !r->mv) need += r->bytes;
     }
     while (committed + need > capacity) {
-      swap_region* victim = pick_victim([round](const swap_region& r) { return r.wanted_round == round; }, true);
+      swap_region* victim = pick_forecast_victim([round](const swap_region& r) { return r.wanted_round == round; });
       if (!victim || !start_evict(*victim, false, true)) break;
       committed -= std::min(committed, victim->bytes);
     }
@@ -1376,13 +1485,26 @@ void residency_engine::tick() {
   // Note [Policy rounds]: the migration thread runs the policy when a move finished (pages and regions changed)
   // or launches wait for a prefetch, else at most every k_policy_period: a round holds the allocator mutex, and
   // the program's allocations wait meanwhile (a LoRA step allocates every ~25 us, so nearly every round makes
-  // one wait). A tick called by hand always runs it. So a round allocates nothing and looks each forecast entry up
-  // once: apply_forecast keeps the entries' regions (forecast_regions), the wanted set is a stamp on the regions
-  // (wanted_round), its order and each group's run reuse scratch vectors. On the simulated device
-  // (tests/perf/policy_round_bench.cpp) that took a round from 18-27 us to 7-10 us; on the H200 the mutex time of
-  // a 1.1B LoRA step fell from 0.011 to 0.005 s with nothing to move; at a 25% budget it was 0.006-0.011 s in three
-  // calls (0.010-0.011 before), where the allocator's housekeeping (maintain: fence queries and records, driver
-  // calls) is now much of a round. A longer period (4 ms) was tried and changed nothing measurable.
+  // one wait). A tick called by hand always runs it. So a round allocates nothing and touches as little memory as
+  // it can: the migration thread sleeps between rounds and the program's threads write the allocator's data, so on
+  // a real machine a round's time is mostly cache misses (the same round takes 4-9 us back to back on the simulated
+  // device, 15-45 us on the H200).
+  //   * apply_forecast looks each forecast entry up once, in region_index (one contiguous table), and keeps the
+  //     entries' regions (forecast_regions); the passes over the forecast regions (transient_bytes, the committed
+  //     bytes, the victims) walk that list, not every region (activations, cached segments), and only the last
+  //     forecast's regions have their rank reset;
+  //   * a policy victim is the first eligible forecast region from the back (ranks are distinct: no gate reads);
+  //   * the fields those passes read sit in a region's first cache line; a group's entries are found in a sorted
+  //     vector, not a map of vectors; the wanted set is a stamp on the regions (wanted_round);
+  //   * poll_moves walks the regions with a move (moving), not every region;
+  //   * the allocator's housekeeping no longer walks its idle list: the idle bytes are counted as segments come and
+  //     go, and a pool's fence is due when its newest idle segment is not fenced.
+  // On the H200 (1.1B LoRA at 25%, three runs against three of the code before, alternating in one call): the mutex
+  // held by rounds 4.8-5.8 ms per step against 10.5-11.2 (housekeeping 1.0-1.6 against 2.6-2.8), the program's
+  // allocator calls 11-12 ms against 17.5-18.2. What is left of a round is mostly driver calls: fence queries and
+  // records (maintain), spare chunks released and idle segments reclaimed for prefetches (room, ~2.2 ms per step).
+  // A longer period (4 ms) was tried before and changed nothing measurable; so did ending a round early while a
+  // program thread waited for the mutex, which starved the prefetches (launches waited 80-90 ms per step).
   const auto now = std::chrono::steady_clock::now();
   if (!failure && (!m.options.thread || !finished.empty() || gate::waiting() != 0 ||
                    now - m.last_policy >= k_policy_period)) {
@@ -1416,6 +1538,7 @@ swap_region* residency_engine::add_locked(region_id id, device_ptr va, std::size
   r->chunk = chunk;
   swap_region* out = r.get();
   impl_->regions[id] = std::move(r);
+  impl_->index.insert(id, out);
   return out;
 }
 
@@ -1444,6 +1567,8 @@ bool residency_engine::remove_locked(swap_region* r) {
   if (r->flag_slot != k_no_slot) m.free_slots.push_back(r->flag_slot);  // its ticket count goes on
   if (r->digest_slot != k_no_slot) m.free_digest_slots.push_back(r->digest_slot);
   if (r->host) m.spare_host.emplace(r->bytes, r->host);  // its view stays mapped for the next region
+  std::replace(m.forecast_regions.begin(), m.forecast_regions.end(), r, static_cast<swap_region*>(nullptr));
+  m.index.erase(r->id);
   m.regions.erase(r->id);
   return unmapped;
 }
@@ -1642,7 +1767,14 @@ std::string residency_engine::verify_locked() const {
     }
     if (r->mv) ++moves;
   }
-  if (moves != m.moves) return "the count of moves in flight is wrong";
+  if (moves != m.moves || m.moving.size() != m.moves) return "the count of moves in flight is wrong";
+  if (m.index.size() != m.regions.size()) return "the region index does not match the regions";
+  for (const auto& [id, r] : m.regions) {
+    if (m.index.find(id) != r.get()) return "the region index does not find region " + std::to_string(id);
+  }
+  for (std::size_t i = 0; i < m.moving.size(); ++i) {
+    if (!m.moving[i]->mv || m.moving[i]->moving_at != i) return "the list of regions with a move is wrong";
+  }
   for (const auto& [bytes, h] : m.spare_host) backing += bytes;
   std::size_t spare = 0;
   for (const auto& [bytes, c] : m.spare_chunks) spare += bytes;

@@ -34,7 +34,8 @@ CAUSES = [("segs", "segments.allocated", "{:.0f}"), ("new s", "segment_new_s", "
           ("by policy", "num_engine_reclaims", "{:.0f}"), ("chunks", "chunks_created", "{:.0f}"),
           ("for segs", "chunks_for_segments", "{:.0f}"), ("released", "chunks_released", "{:.0f}"),
           ("for size", "chunks_released_for_size", "{:.0f}"), ("for pages", "chunks_released_for_pages", "{:.0f}"),
-          ("policy", "policy_s", "{:.3f}"), ("maintain", "maintain_s", "{:.3f}"), ("room", "room_s", "{:.3f}")]
+          ("policy", "policy_s", "{:.3f}"), ("maintain", "maintain_s", "{:.3f}"), ("room", "room_s", "{:.3f}"),
+          ("waits", "num_lock_waits", "{:.0f}"), ("spun", "num_lock_spins", "{:.0f}")]
 
 
 def rows(res):
@@ -101,7 +102,7 @@ def main(argv=None):
           "... for a prefetch; chunks: chunks made, for segs: of which for new segments; released: chunks released, "
           "for size: to make room for another size, for pages: for the allocator's pages; policy: seconds the policy held "
           "the allocator's mutex, maintain: of which the allocator's housekeeping, room: of which finding prefetches "
-          "a chunk")
+          "a chunk; waits: allocator calls that found the mutex taken, spun: of which got it spinning")
     threads = thread_rows(res)
     if threads:
         print()

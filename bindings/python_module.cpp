@@ -60,6 +60,7 @@ py::dict stats_dict(const allocator_stats& s) {
   d["stall_s"] = static_cast<double>(s.stall_us) * 1e-6;
   d["num_lock_waits"] = s.num_lock_waits;
   d["lock_wait_s"] = static_cast<double>(s.lock_wait_us) * 1e-6;
+  d["num_lock_spins"] = s.num_lock_spins;
   d["num_calls"] = s.num_calls;
   d["call_s"] = static_cast<double>(s.call_ns) * 1e-9;
   d["num_foreign_frees"] = s.num_foreign_frees;

@@ -22,9 +22,11 @@ inline constexpr int k_undecoded_reasons = static_cast<int>(undecoded_reason::co
 [[nodiscard]] const char* reason_name(undecoded_reason r) noexcept;
 
 // Region ids held inline by one event; a launch touching more regions continues in further events with the
-// same launch number and `continued` set. 22 makes an event 120 bytes: with the ring's sequence number, a ring
-// cell is exactly two cache lines (event_ring.hpp).
-inline constexpr int k_event_regions = 22;
+// same launch number and `continued` set. 6 makes an event 56 bytes: with the ring's sequence number, a ring cell
+// is exactly one cache line (event_ring.hpp), the one line a launch writes there. Most launches touch at most 6
+// regions (a GEMM's two operands and output, an elementwise kernel's inputs and output); a foreach kernel's dozens
+// take several events.
+inline constexpr int k_event_regions = 6;
 
 struct access_event {
   std::uint64_t launch_no = 0;  // process-wide launch number, from 1
@@ -38,7 +40,7 @@ struct access_event {
   region_id regions[k_event_regions];
 };
 
-static_assert(sizeof(access_event) == 120, "a ring cell of an access event should be two cache lines");
+static_assert(sizeof(access_event) == 56, "a ring cell of an access event should be one cache line");
 
 inline constexpr std::uint8_t k_flag_continued = 1;  // more regions of an earlier event with this launch_no
 inline constexpr std::uint8_t k_flag_truncated = 2;  // the launch touched more regions than were recorded

@@ -8,7 +8,9 @@
 // regions absent from the forecast (activations). Each round the forecast slides by one region, as the launches
 // move on, and the region it passed is read (a launch, framed by the gate). Two budgets: everything fits (nothing
 // moves, as at LAYERSWAP_BUDGET above the model) and a quarter of the forecast bytes fit (regions move every
-// round). Reports the mutex time per round from the engine's own counters (policy_us / policy_rounds).
+// round). Reports the mutex time per round from the engine's own counters (policy_us / policy_rounds), hot (rounds
+// back to back) and cold (a walk over a 32 MiB buffer between rounds evicts the engine's data from the caches, as
+// the migration thread's sleep between rounds and the program's threads do on a real machine).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -60,10 +62,12 @@ class sliding_forecast final : public forecast_source {
 
 struct result {
   double us_per_round;
+  double maintain_us_per_round;
   double moves_per_round;
 };
 
-result run(std::size_t budget, int rounds) {
+result run(std::size_t budget, int rounds, std::size_t cold_bytes) {
+  std::vector<std::uint64_t> walk(cold_bytes / sizeof(std::uint64_t));
   sim_options so;
   so.total_memory = 2048 * MiB;
   sim_driver sim(so);
@@ -98,11 +102,13 @@ result run(std::size_t budget, int rounds) {
   for (int i = 0; i < rounds; ++i) {
     f.advance();
     touch(order[static_cast<std::size_t>(i) % order.size()]);
+    for (std::size_t k = 0; k < walk.size(); k += 8) walk[k] += 1;  // one write per cache line
     alloc.residency_tick();
   }
   const residency_stats after = alloc.residency();
   const double n = static_cast<double>(after.policy_rounds - before.policy_rounds);
   result r{static_cast<double>(after.policy_us - before.policy_us) / n,
+           static_cast<double>(after.maintain_us - before.maintain_us) / n,
            static_cast<double>((after.evictions - before.evictions) + (after.prefetches - before.prefetches)) / n};
   for (void* p : activations) alloc.deallocate(p);
   for (void* p : weights) alloc.deallocate(p);
@@ -119,9 +125,11 @@ int main(int argc, char** argv) {
               k_groups * k_per_group, k_groups, k_activations, rounds);
   for (const auto& [name, budget] : {std::pair{"everything fits", 4 * forecast_bytes + transient},
                                      std::pair{"a quarter fits", forecast_bytes / 4 + transient + 8 * MiB}}) {
-    const result r = run(budget, rounds);
-    std::printf("  %-16s %8.1f us per round (mutex held), %5.2f moves per round\n", name, r.us_per_round,
-                r.moves_per_round);
+    for (const std::size_t cold : {std::size_t{0}, 32 * MiB}) {
+      const result r = run(budget, cold ? rounds / 4 : rounds, cold);
+      std::printf("  %-16s %-5s %8.1f us per round (mutex held; housekeeping %4.1f), %5.2f moves per round\n", name,
+                  cold ? "cold" : "hot", r.us_per_round, r.maintain_us_per_round, r.moves_per_round);
+    }
   }
   return 0;
 }

@@ -783,6 +783,28 @@ TEST(Residency, PolicyPrefetchesInForecastOrderWithinTheBudget) {
   for (void* q : p) h.alloc.deallocate(q);
 }
 
+// A program thread that finds the mutex taken spins for it, and the waits are counted either way.
+TEST(Residency, AProgramCallWaitsForTheMutexAndIsCounted) {
+  harness h(16 * MiB);
+  std::atomic<bool> done{false};
+  std::thread t;
+  h.alloc.with_lock_for_test([&] {
+    t = std::thread([&] {
+      void* a = h.alloc.allocate(1024, h.s1);
+      h.alloc.deallocate(a);
+      done = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_FALSE(done.load()) << "the call did not wait for the mutex";
+  });
+  t.join();
+  EXPECT_TRUE(done.load());
+  const allocator_stats s = h.alloc.stats();
+  EXPECT_GE(s.num_lock_waits, 1);
+  EXPECT_LE(s.num_lock_spins, s.num_lock_waits);
+  EXPECT_GE(s.lock_wait_us, 15'000) << "20 ms held: longer than the spin, so it slept";
+}
+
 // The allocator's cache (freed segments, still mapped) is room for prefetches: the policy reclaims it without a
 // host wait, once an event says the segments' last launches are done.
 TEST(Residency, PolicyReclaimsTheIdleCacheForPrefetches) {

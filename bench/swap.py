@@ -1317,6 +1317,7 @@ def fill_layerswap(c, ls, resident):
     c["threads_per_step"] = (ls.get("train") or {}).get("threads_per_step")
     c["resident_threads_per_step"] = (resident.get("train") or {}).get("threads_per_step")
     c["steal_s_per_step"] = (ls.get("train") or {}).get("steal_s_per_step")
+    c["pinned_threads"] = (ls.get("train") or {}).get("pinned_threads")  # {thread: core} under --pin-threads
     c["resident_steal_s_per_step"] = (resident.get("train") or {}).get("steal_s_per_step")
     c["error"] = ls.get("error")
     if ls.get("output_tail"):

@@ -1139,20 +1139,16 @@ struct residency_engine::impl {
     return a_last < b_last;
   }
 
-  // The resident region to evict next: farthest next use (Note [Policy]). `forecast_only`: regions absent from
-  // the forecast (activations, which cannot move usefully: DESIGN.md invariant 6) are not candidates.
-  // `excluded(region)`: true for a region that must not be the victim.
-  // The gate's last use (a line the launching threads write) is read only to break a tie of ranks: forecast
-  // regions have distinct ranks, so a forecast-only search reads none (Note [Policy rounds]).
+  // The resident region to evict next, among all: farthest next use (Note [Policy]). `excluded(region)`: true for a
+  // region that must not be the victim. The gate's last use (a line the launching threads write) is read only to
+  // break a tie of ranks (regions absent from the forecast).
   template <class Excluded>
-  swap_region* pick_victim(const Excluded& excluded, bool forecast_only) {
+  swap_region* pick_victim(const Excluded& excluded) {
     swap_region* best = nullptr;
     std::uint64_t best_last = 0;
     bool best_last_read = false;
     for (auto& [id, r] : regions) {
-      if (!r->live || r->pinned || r->mv || r->state != region_residency::device) continue;
-      if (forecast_only && r->rank == k_far) continue;
-      if (excluded(*r)) continue;
+      if (!evictable(*r) || excluded(*r)) continue;
       if (!best || r->rank != best->rank) {
         if (!best || r->rank > best->rank) best = r.get(), best_last_read = false;
         continue;
@@ -1164,18 +1160,27 @@ struct residency_engine::impl {
     return best;
   }
 
-  // The forecast region to evict next for the policy: pick_victim(excluded, true) without a pass over every region.
-  // Forecast regions have distinct ranks, and the farthest next use is the highest rank, so the first eligible one
-  // from the back of the forecast is the one (Note [Policy rounds]).
+  // pick_victim among the forecast regions only (activations, which cannot move usefully, are no candidates:
+  // DESIGN.md invariant 6), without a pass over every region. Forecast regions have distinct ranks and the farthest
+  // next use is the highest rank, so the first eligible one from the back of the forecast is the one (Note [Policy
+  // rounds]).
   template <class Excluded>
   swap_region* pick_forecast_victim(const Excluded& excluded) {
     for (std::size_t i = forecast_regions.size(); i-- > 0;) {
-      swap_region* r = forecast_regions[i];
-      if (!r || r->rank != i) continue;  // a region listed twice is ranked by its last entry
-      if (!r->live || r->pinned || r->mv || r->state != region_residency::device || excluded(*r)) continue;
-      return r;
+      swap_region* r = ranked_at(i);
+      if (r && evictable(*r) && !excluded(*r)) return r;
     }
     return nullptr;
+  }
+  // A live, unpinned region on the device with no move: one an eviction may start on.
+  [[nodiscard]] static bool evictable(const swap_region& r) noexcept {
+    return r.live && !r.pinned && !r.mv && r.state == region_residency::device;
+  }
+  // The region of forecast entry i, when that entry is the one that ranks it (a region listed twice is ranked by
+  // its last entry, and counted there only); nullptr otherwise. The forecast's ranked regions are these, once each.
+  [[nodiscard]] swap_region* ranked_at(std::size_t i) const noexcept {
+    swap_region* r = forecast_regions[i];
+    return r && r->rank == i ? r : nullptr;
   }
 
   // Pages a prefetch can take now without reclaiming: pooled ones, spare chunks and the budget's headroom.
@@ -1191,8 +1196,8 @@ struct residency_engine::impl {
   [[nodiscard]] std::size_t transient_bytes() const {
     std::size_t forecast_device = 0;
     for (std::size_t i = 0; i < forecast_regions.size(); ++i) {  // the regions with a rank (Note [Policy rounds])
-      const swap_region* r = forecast_regions[i];
-      if (!r || r->rank != i) continue;
+      const swap_region* r = ranked_at(i);
+      if (!r) continue;
       if (r->state == region_residency::device || r->state == region_residency::moving_out) forecast_device += r->bytes;
       if (r->mv && r->mv->to_device) forecast_device += r->bytes;
     }
@@ -1326,8 +1331,8 @@ struct residency_engine::impl {
     // fences), so it has to start long before its pages are needed.
     std::size_t committed = 0;
     for (std::size_t i = 0; i < forecast_regions.size(); ++i) {
-      const swap_region* r = forecast_regions[i];
-      if (!r || r->rank != i || !r->live) continue;
+      const swap_region* r = ranked_at(i);
+      if (!r || !r->live) continue;
       if (r->state == region_residency::device || r->state == region_residency::moving_in) committed += r->bytes;
     }
     std::size_t need = 0;
@@ -1357,7 +1362,7 @@ struct residency_engine::impl {
         if (start_prefetch(*r, true)) pages -= r->npages;
         continue;
       }
-      swap_region* victim = pick_victim([](const swap_region&) { return false; }, false);
+      swap_region* victim = pick_victim([](const swap_region&) { return false; });
       if (victim && gate::last_use(victim->id) < gate::last_use(id)) start_evict(*victim, false, true);
       break;
     }
@@ -1601,10 +1606,10 @@ bool residency_engine::evict_sync_locked() {
   // Victims refused by the gate are skipped for this call; each attempt either evicts or skips one region. First
   // among the regions not moving, with no other host wait; then, once every move is settled, among all.
   std::unordered_set<region_id> refused;
+  const auto excluded = [&refused](const swap_region& r) { return refused.contains(r.id); };
   const auto evict_one = [&](bool forecast_only) {
     for (;;) {
-      swap_region* victim =
-          m.pick_victim([&refused](const swap_region& r) { return refused.contains(r.id); }, forecast_only);
+      swap_region* victim = forecast_only ? m.pick_forecast_victim(excluded) : m.pick_victim(excluded);
       if (!victim) return false;
       const std::int64_t evicted = m.st.evictions;
       if (!m.start_evict(*victim, true)) {

@@ -587,10 +587,93 @@ def self_test_rounds():
     return 9
 
 
+def self_test_interleave():
+    """--interleave: after the resident run alone, the sides are handed to the runner together; the case's figures
+    come from the interleaved runs (continuous-step medians, the interleaved resident), with paired ratios."""
+    import contextlib
+    import io
+
+    groups = [{"name": f"layer.{i}", "frozen_bytes": 200, "trainable_bytes": 4, "grad_bytes": 4, "state_bytes": 8,
+               "bwd_reads": True} for i in range(4)]
+    losses = [float(x).hex() for x in (2.5, 2.25, 2.0, 1.75, 1.5, 1.25, 1.0)]
+    handed = {}
+    clock = iter(range(100))
+
+    def train(blocks, hexes=losses):
+        k = next(clock)
+        times = [9.0] + [t for b in blocks for t in b]  # one warm-up step
+        first = [0] + [1 + 2 * k for k in range(len(blocks))]
+        record = {"losses_hex": hexes, "step_times_s": times, "warmup": 1,
+                  "lockstep": {"block": 2, "first_after_pause": first, "spans": [[k, k + 0.5]]}}
+        lockstep_medians(record, 1)
+        return record
+
+    class FakeRunner:
+        def __init__(self, args, tmpdir):
+            pass
+
+        def run(self, side, run_cfg=None, env=None, tag=None, **extra):
+            if side == "h2d":
+                return {"device": "Fake GPU", "h2d_gbps": 1.0, "d2h_gbps": 1.0, "torch": "x", "cuda": "y"}
+            assert side == "resident", side
+            return {"groups": groups, "transient_bytes": 100, "params": 1, "device": "Fake GPU",
+                    "train": {"losses_hex": losses, "median_step_s": 0.5, "step_times_s": [0.5] * 7, "warmup": 1},
+                    "peak_allocated": 10 ** 4}
+
+        def interleave(self, members, cycles, block):
+            handed.update({m["key"]: m for m in members})
+            assert cycles == 3 and block == 2
+            res_blocks = [[5.0, 0.10], [5.0, 0.20], [5.0, 0.10]]  # first steps (after pauses) are left out
+            ls_blocks = [[0.01, 0.12], [0.01, 0.22], [0.01, 0.13]]
+            out = {"order": [(0, "x")], "resident": {"train": train(res_blocks)}}
+            for m in members:
+                if m["side"] == "layerswap":
+                    out[m["key"]] = {"train": train(ls_blocks), "peak_reserved": 5}
+                elif m["side"] == "block_swap":
+                    out[m["key"]] = {"train": train([[1, 0.24], [1, 0.44], [1, 0.26]]), "peak_reserved": 5}
+                elif m["side"] == "accelerate_cpu_offload":
+                    out[m["key"]] = {"train": train([[1, 0.3]] * 3, losses[:2] + ["0x1.0p+0"] * 5),
+                                     "peak_reserved": 10 ** 9, "capped": False, "first_error": "OutOfMemoryError"}
+            return out
+
+    args = parse_args(["--cases", "llama-lora:0.5:0.25", "--margin-mib", "0", "--interleave", "2", "--block", "2",
+                       "--warmup", "1", "--steps", "7"])  # 2 cycles make 5 steps: raised to 3, for 7
+    with contextlib.redirect_stdout(io.StringIO()) as text:
+        res = run_all(args, runner_class=FakeRunner)
+        print_table(res)
+    assert set(handed) == {"resident", ("layerswap", 0.5), ("layerswap", 0.25), ("block_swap", 0.25),
+                           ("accelerate_cpu_offload", 0.25)}, handed
+    assert handed[("block_swap", 0.25)]["extra"]["enforce_cap"] and handed[("block_swap", 0.25)]["uncapped"]
+    assert handed[("layerswap", 0.25)]["run_cfg"]["steps"] == 1 + 3 * 2, handed[("layerswap", 0.25)]["run_cfg"]
+    c50, c25 = res["cases"]
+    model = res["models"]["llama-lora"]
+    assert model["resident_step_s"] == 0.10 and model["interleave"]["resident_step_s_alone"] == 0.5, model
+    assert c25["step_s"] == 0.13 and c25["resident_step_s"] == 0.10, c25  # median of 0.12, 0.22, 0.13
+    assert abs(c25["step_over_bound"] - 1.3) < 1e-9, c25
+    ratios = c25["interleave"]["ratios_per_cycle"]
+    assert [round(r, 6) for r in ratios] == [1.2, 1.1, 1.3] and abs(c25["interleave"]["median_ratio"] - 1.2) < 1e-9
+    bs, acc = c25["peers"]["block_swap"], c25["peers"]["accelerate_cpu_offload"]
+    assert abs(bs["layerswap_speedup"] - 0.26 / 0.13) < 1e-9 and bs["interleave"]["layerswap_speedup"]["median_ratio"] == 2.0
+    assert acc["cap_enforced"] is False and acc["error_under_cap"] == "OutOfMemoryError" and acc["within_cap"] is False
+    assert acc["losses_bitwise_equal"] is False and bs["losses_bitwise_equal"] is True
+    assert c50["peers"] == {} and c50["step_s"] == 0.13 and model["interleave"]["overlapping_turns"] == 0
+    assert "paired per cycle" in text.getvalue() and "interleaved: 3 cycles" in text.getvalue()
+    for bad in (["--interleave", "2", "--rounds", "2"], ["--interleave", "2", "--block", "1"], ["--interleave", "-1"]):
+        with contextlib.redirect_stderr(io.StringIO()):
+            try:
+                parse_args(bad)
+            except SystemExit:
+                continue
+        raise AssertionError(f"accepted {bad}")
+    import lockstep
+    return 13 + lockstep.self_test()
+
+
 def self_test():
     passed = failed = 0
     for name, fn in (("bound and budget", self_test_bound), ("parent (fake workers)", self_test_parent),
-                     ("rounds (fake workers)", self_test_rounds), ("merge", self_test_merge),
+                     ("rounds (fake workers)", self_test_rounds),
+                     ("interleave (fake workers; lockstep with real processes)", self_test_interleave), ("merge", self_test_merge),
                      ("block swapper", self_test_swapper)):
         try:
             n = fn()
@@ -832,6 +915,19 @@ def worker_train(spec, out, log):
 
     record = {}
     out["train"] = record
+    gate = None
+    if spec.get("lockstep"):  # --interleave: this side takes turns with the others (bench/lockstep.py)
+        import lockstep
+        gate = lockstep.Gate.from_spec(spec["lockstep"])
+        block = int(spec["lockstep"]["block"])
+        record["lockstep"] = {"block": block, "first_after_pause": [0]}
+        chained_gate = after_step
+
+        def after_step(step):
+            chained_gate(step)
+            if lockstep.Gate.pauses_after(step, cfg.warmup, block, cfg.steps):
+                gate.pause("ready")
+                record["lockstep"]["first_after_pause"].append(step + 1)
     profiler = None
     if cuda and spec.get("profile_steps") and side != "layerswap":  # layerswap holds CUPTI: no profiler there
         profiler = GpuProfile(cfg.warmup, spec["profile_steps"])
@@ -842,8 +938,14 @@ def worker_train(spec, out, log):
             profiler.step()
     meter = sm.TransientMeter(built.model, built.optimizer, device) if cuda and side == "resident" else None
     try:
+        if gate is not None:
+            gate.pause("built")
         sm.train(built, cfg, after_step=after_step, record=record, meter=meter,
                  log=lambda s: log(s) if spec.get("verbose") else None)
+        if gate is not None:
+            gate.end_turn()
+            record["lockstep"]["spans"] = gate.spans
+            lockstep_medians(record, cfg.warmup)
     finally:
         if cuda:
             for key, fn in (("peak_allocated", torch.cuda.max_memory_allocated),
@@ -884,6 +986,23 @@ def worker_train(spec, out, log):
     if ls is not None:
         timed = max(0, len(record.get("step_times_s", [])) - cfg.warmup)
         out["traffic"] = layerswap_traffic(snapshots.get("after_warmup"), snapshots.get("end"), timed)
+
+
+def lockstep_medians(record, warmup):
+    """A side that took turns (--interleave): its step is the median of the timed steps that followed another
+    step of its own, not a pause. While a side waits, its device and its copy engines are idle, so the first step
+    after a pause starts with the prefetches that layerswap made during the wait, and with the caches the other
+    sides used; the steps after it are training as usual. The median of every timed step stays as
+    median_step_s_all, and each block's steps under "blocks" (for the paired ratios)."""
+    times = record.get("step_times_s") or []
+    first = set(record["lockstep"]["first_after_pause"])
+    cont = [t for i, t in enumerate(times) if i >= warmup and i not in first]
+    record["median_step_s_all"] = record.get("median_step_s")
+    if cont:
+        record["median_step_s"] = statistics.median(cont)
+    starts = sorted(i for i in first if i >= warmup)
+    record["lockstep"]["blocks"] = [times[a:b] for a, b in zip(starts, starts[1:] + [len(times)])]
+    record["lockstep"]["continuous_steps"] = len(cont)
 
 
 class GpuProfile:
@@ -1051,6 +1170,85 @@ class Runner:
         return result
 
 
+    def interleave(self, members, cycles, block):
+        """--interleave: every member (a dict: key, side, run_cfg, tag, env, extra, and for a capped peer
+        "uncapped", the member to start instead when it runs out of memory) runs as a live process, and they take
+        turns, `block` steps each, in `cycles` rounds of rotating order (bench/lockstep.py). Returns {key: result}
+        with results as run() gives them, and the order of turns under the key "order"."""
+        import lockstep
+        conductor = lockstep.Conductor(log=lambda line: print(line, flush=True))
+        started = {}
+        results = {}
+        limit = max(30.0, min(self.args.worker_timeout, self.time_left()))
+
+        def start(m):
+            self.count += 1
+            name = f"{self.count:02d}-{m['side']}"
+            out_path = self.tmpdir / f"{name}.json"
+            spec_path = self.tmpdir / f"{name}.spec.json"
+            spec = {"side": m["side"], "run": m["run_cfg"], "out": str(out_path), "tag": m["tag"],
+                    "verbose": self.args.verbose, **(m.get("extra") or {})}
+
+            def cmd_for(fds):
+                spec["lockstep"] = {**fds, "block": block}
+                spec_path.write_text(json.dumps(spec))
+                return [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", str(spec_path)]
+
+            print(f"== [{time.perf_counter() - self.start:6.1f} s] {m['tag']} (interleaved)", flush=True)
+            member = conductor.start(m["tag"], cmd_for, env=m.get("env") or worker_env(), cwd=str(REPO))
+            started[member] = (m, out_path, time.perf_counter())
+            return member
+
+        def collect(member):
+            m, out_path, t0 = started[member]
+            result = None
+            if out_path.exists():
+                try:
+                    result = json.loads(out_path.read_text())
+                except ValueError:
+                    result = None
+            result = result or {"side": m["side"], "error": None}
+            rc = member.proc.returncode
+            if member.error and not result.get("error"):
+                result["error"] = f"lockstep: {member.error}"
+            elif rc not in (0, None) and not result.get("error"):
+                result["error"] = f"worker exited with status {rc}" + (f" (signal {-rc})" if rc < 0 else "")
+            if result.get("error"):
+                result["output_tail"] = list(member.tail)[-15:]
+            result["wall_s"] = time.perf_counter() - t0
+            result["turns"] = member.turns
+            return result
+
+        def on_failure(member):
+            m = started[member][0]
+            results[m["key"]] = collect(member)
+            if results[m["key"]].get("oom") and m.get("uncapped"):
+                first = results[m["key"]]
+                replacement = dict(m["uncapped"], first_error=first.get("error"))
+                return start(replacement)
+            return None
+
+        try:
+            ready = conductor.settle([start(m) for m in members], limit, on_failure)
+            order = conductor.cycle(ready, cycles, limit)
+        finally:
+            conductor.close()
+        for member, (m, _, _) in started.items():
+            if member.done and (m["key"] not in results or m.get("first_error") is not None):
+                r = collect(member)
+                if m.get("first_error") is not None:
+                    r["first_error"] = m["first_error"]
+                    r["capped"] = False
+                results[m["key"]] = r
+        results["order"] = order
+        for key, r in results.items():
+            if key != "order":
+                tag = next((m["tag"] for m, _, _ in started.values() if m["key"] == key), str(key))
+                print(f"   -> {tag}: {'ok' if not r.get('error') else 'FAILED: ' + r['error'][:300]} "
+                      f"({r.get('turns', 0)} turns)", flush=True)
+        return results
+
+
 def median_step(res):
     tr = (res or {}).get("train") or {}
     return tr.get("median_step_s") if not (res or {}).get("error") else None
@@ -1116,6 +1314,8 @@ def run_all(args, save=lambda res: None, runner_class=None):
                         "peer_cases": sorted(peer_cases), "peer_fraction": args.peer_fraction,
                         "worker_timeout_s": args.worker_timeout, "deadline_s": args.deadline,
                         "pin_threads": pin, "pin_cores": args.pin_cores or None,
+                        "interleave_cycles": args.interleave or None,
+                        "interleave_block": args.block if args.interleave else None,
                         "budget_rule": "budget = fraction * movable + transient + margin, rounded up to 2 MiB; "
                                        "movable = parameter + gradient + optimizer-state bytes; transient = the "
                                        "resident run's peak of allocated minus the movable bytes allocated at that "
@@ -1176,6 +1376,7 @@ def run_all(args, save=lambda res: None, runner_class=None):
                 model["transient_naive_bytes"] = max(0, peak - movable)
             model["transient_bytes"] = transient
             rounds_case = None  # the peer case, which --rounds repeats
+            interleaved = []    # --interleave: the cases whose sides take turns once every fraction is set up
             for f in fractions:
                 budget = swap_budget(f, movable, transient, margin)
                 bel = belady_traffic(groups, budget["capacity_bytes"])
@@ -1186,6 +1387,10 @@ def run_all(args, save=lambda res: None, runner_class=None):
                           "belady_d2h_bytes_per_step": bel["d2h_bytes"]})
                 if res["h2d_gbps"] and model["resident_step_s"] is not None:
                     c["bound_s"] = max(model["resident_step_s"], bel["h2d_bytes"] / (res["h2d_gbps"] * 1e9))
+                if args.interleave:
+                    interleaved.append((c, f, budget))
+                    res["cases"].append(c)
+                    continue
                 if "layerswap" in sides:
                     if not cuda:
                         c["error"] = "skipped: the layerswap side needs a CUDA GPU"
@@ -1205,6 +1410,11 @@ def run_all(args, save=lambda res: None, runner_class=None):
                                 p["layerswap_speedup"] = p["step_s"] / c["step_s"]  # >1: layerswap is faster
                 res["cases"].append(c)
                 save(res)
+            if interleaved:
+                interleave_case(runner, args, res, case, model, run_cfg, resident, interleaved, sides, cuda,
+                                peer_cases)
+                save(res)
+                continue
             if cuda and args.resident_again:
                 again = runner.run("resident", run_cfg, tag=f"{case} resident again")
                 rerun_resident(res, case, model, median_step(again), again.get("error"))
@@ -1213,6 +1423,93 @@ def run_all(args, save=lambda res: None, runner_class=None):
                 more_rounds(runner, args, res, case, model, run_cfg, resident, rounds_case, sides)
                 save(res)
     return res
+
+
+def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, sides, cuda, peer_cases):
+    """--interleave N: the model's sides (the resident run again, layerswap at each fraction, the peers at the peer
+    fraction) run as live processes that take turns, --block steps each, in N cycles of rotating order
+    (bench/lockstep.py). The first resident run, alone before them, set the budgets and is the losses' reference;
+    every step figure of the model comes from the interleaved processes: each side's step is the median of its
+    timed steps that followed a step of its own (lockstep_medians), and the resident step is the interleaved
+    resident's. Each case also gets paired ratios: per cycle, the median of the side's block against the median of
+    the resident's block of the same cycle, and their median (`interleave`)."""
+    # At least --steps steps, so that the losses compare over as many as the resident run alone made.
+    cycles = max(args.interleave, -(-(args.steps - args.warmup) // args.block))
+    cfg = dict(run_cfg, steps=args.warmup + cycles * args.block)
+    members = [{"key": "resident", "side": "resident", "run_cfg": cfg, "tag": f"{case} resident"}]
+    for c, f, budget in cases:
+        if "layerswap" in sides:
+            if cuda:
+                members.append({"key": ("layerswap", f), "side": "layerswap", "run_cfg": cfg,
+                                "tag": f"{case} layerswap {f:g}",
+                                "env": worker_env(budget["budget_bytes"], args.ls_env),
+                                "extra": {"budget_bytes": budget["budget_bytes"]}})
+            else:
+                c["error"] = "skipped: the layerswap side needs a CUDA GPU"
+        if case in peer_cases and math.isclose(f, args.peer_fraction):
+            peer_plan = {"capacity_bytes": budget["capacity_bytes"], "movable_bytes": model["movable_bytes"]}
+            for peer in PEERS:
+                if peer not in sides:
+                    continue
+                common = {"cap_bytes": budget["budget_bytes"], "peer_plan": peer_plan}
+                uncapped = {"key": (peer, f), "side": peer, "run_cfg": cfg, "tag": f"{case} {peer} {f:g} (no cap)",
+                            "extra": dict(common, enforce_cap=False)}
+                members.append({"key": (peer, f), "side": peer, "run_cfg": cfg, "tag": f"{case} {peer} {f:g}",
+                                "extra": dict(common, enforce_cap=cuda), "uncapped": uncapped if cuda else None})
+    got = runner.interleave(members, cycles, args.block)
+    again = got.get("resident") or {"error": "the interleaved resident run did not start"}
+    model["interleave"] = {"cycles": cycles, "block": args.block, "order": got.get("order"),
+                           "resident_step_s_alone": model["resident_step_s"],
+                           "rule": "each side's step: the median of its timed steps that followed a step of its "
+                                   "own (not a pause); ratios_per_cycle: the side's block median over the resident's "
+                                   "block median of the same cycle"}
+    if again.get("error"):
+        model["interleave"]["resident_error"] = again["error"]
+    eq, first = compare_losses(resident, again)
+    model["interleave"]["resident_losses_equal_alone"] = eq
+    import lockstep
+    spans = {str(k): (((r.get("train") or {}).get("lockstep") or {}).get("spans") or [])
+             for k, r in got.items() if k != "order"}
+    model["interleave"]["overlapping_turns"] = lockstep.overlaps(spans)  # 0: one side at a time, as meant
+    resident_blocks = block_medians(again)
+    for c, f, _ in cases:
+        ls = got.get(("layerswap", f))
+        if ls is not None:
+            fill_layerswap(c, ls, resident)
+            c["interleave"] = paired_ratios(block_medians(ls), resident_blocks)
+        for peer in PEERS:
+            r = got.get((peer, f))
+            if r is None:
+                continue
+            capped = r.get("capped", cuda)
+            p = peer_summary(r, c["budget_bytes"], capped, resident, cuda, r.get("first_error"))
+            p["interleave"] = paired_ratios(block_medians(r), resident_blocks)
+            if ls is not None:
+                p["interleave"]["layerswap_speedup"] = paired_ratios(block_medians(r), block_medians(ls))
+            c["peers"][peer] = p
+    model["resident_step_s_runs"] = [median_step(again)]
+    if median_step(again) is not None:
+        set_resident(res, case, model, median_step(again))
+    for c, _, _ in cases:
+        for p in c["peers"].values():
+            if p.get("step_s") and c.get("step_s"):
+                p["layerswap_speedup"] = p["step_s"] / c["step_s"]  # >1: layerswap is faster
+
+
+def block_medians(r):
+    """Per block of an interleaved run: the median of its steps after the first (the first follows a pause)."""
+    blocks = (((r or {}).get("train") or {}).get("lockstep") or {}).get("blocks") or []
+    return [statistics.median(b[1:]) if len(b) > 1 else None for b in blocks]
+
+
+def paired_ratios(side, ref):
+    """Per cycle, side / ref of the blocks' medians; their median and quartiles."""
+    ratios = [a / b for a, b in zip(side, ref) if a and b]
+    out = {"ratios_per_cycle": ratios, "median_ratio": statistics.median(ratios) if ratios else None}
+    if len(ratios) >= 4:
+        q = statistics.quantiles(ratios, n=4)
+        out["quartiles"] = [q[0], q[2]]
+    return out
 
 
 def _mean(xs):
@@ -1354,6 +1651,11 @@ def run_peer(runner, peer, run_cfg, budget, peer_plan, resident, cuda, case, fra
         first_error = r.get("error")
         r = runner.run(peer, run_cfg, tag=f"{case} {peer} {fraction:g} (no cap)", enforce_cap=False, **common)
         capped = False
+    return peer_summary(r, cap, capped, resident, cuda, first_error)
+
+
+def peer_summary(r, cap, capped, resident, cuda, first_error=None):
+    """A peer's worker result as the case records it (run_peer, interleave_case)."""
     eq, first_diff = compare_losses(resident, r)
     peak = r.get("peak_reserved")
     out = {"step_s": median_step(r), "peak_vram_bytes": peak, "peak_allocated_bytes": r.get("peak_allocated"),
@@ -1408,7 +1710,13 @@ def print_table(res):
               f"{gb(m.get('movable_bytes'), 'B')}, transient {gb(m.get('transient_bytes'), 'B')}{naive}; resident step "
               f"{sec(m.get('resident_step_s'))} s, peak allocated {gb(m.get('resident_peak_allocated'), 'B')}")
         runs = m.get("resident_step_s_runs")
-        if runs and None not in runs and len(runs) > 2:
+        il = m.get("interleave")
+        if il:
+            print(f"    interleaved: {il['cycles']} cycles of {il['block']} steps per side; the resident run alone "
+                  f"took {sec(il.get('resident_step_s_alone'))} s, interleaved {sec(m.get('resident_step_s'))} s "
+                  f"(its losses {'equal' if il.get('resident_losses_equal_alone') else 'DIFFER'}); turns that "
+                  f"overlapped another side's: {il.get('overlapping_turns')}")
+        elif runs and None not in runs and len(runs) > 2:
             print(f"    resident runs: {', '.join(sec(x) for x in runs)} s over {m.get('rounds')} rounds; the mean is "
                   f"the resident step")
         elif runs and None not in runs:
@@ -1428,6 +1736,11 @@ def print_table(res):
               f"{sec(c.get('step_s')):>8} {sec(c.get('resident_step_s')):>8} {sec(c.get('bound_s')):>8} {ratio:>8} "
               f"{gb(c.get('bytes_h2d_per_step')):>9} {gb(c.get('belady_h2d_bytes_per_step')):>8} {hit:>6} {eq:>7}"
               f"  {err}")
+        il = c.get("interleave") or {}
+        if il.get("median_ratio"):
+            q = il.get("quartiles")
+            print(f"    paired per cycle: step / resident median {il['median_ratio']:.3f}"
+                  + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "") + f" over {len(il['ratios_per_cycle'])} cycles")
         for name, p in c.get("peers", {}).items():
             eq = {True: "yes", False: f"NO@{p.get('first_differing_step')}", None: "-"}[p.get("losses_bitwise_equal")]
             speed = f", layerswap {p['layerswap_speedup']:.2f}x faster" if p.get("layerswap_speedup") else ""
@@ -1437,9 +1750,11 @@ def print_table(res):
             err = f"  error: {(p.get('error') or '').splitlines()[0][:70]}" if p.get("error") else ""
             under = "  (OOM under the cap; rerun without it)" if p.get("error_under_cap") else ""
             moved = f", H2D {gb(p['bytes_h2d_per_step'])}B/step" if p.get("bytes_h2d_per_step") is not None else ""
+            pair = ((p.get("interleave") or {}).get("layerswap_speedup") or {}).get("median_ratio")
+            pair = f" (paired per cycle {pair:.2f}x)" if pair else ""
             print(f"    peer {name:<24} step {sec(p.get('step_s'))} s, peak VRAM {gb(p.get('peak_vram_bytes'), 'B')} "
                   f"({within} {gb(p.get('cap_bytes'), 'B')}), resident blocks {res_blocks}{moved}, bitwise {eq}{speed}"
-                  f"{under}{err}")
+                  f"{pair}{under}{err}")
     for note in res.get("notes", []):
         print(f"note: {note}")
 
@@ -1490,6 +1805,15 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=1,
                    help="on a GPU, run the peer case's sides (resident, layerswap, peers) this many times each, in "
                         "rounds of rotating order, and take each side's mean (default 1)")
+    p.add_argument("--interleave", type=int, default=0, metavar="CYCLES",
+                   help="after each model's resident run, run all its other sides and the resident again as live "
+                        "processes that take turns, --block steps each, in CYCLES rounds of rotating order "
+                        "(bench/lockstep.py): the sides' timed steps interleave a few seconds apart, so the machine's "
+                        "drift falls on all alike; every step figure then comes from these processes. CYCLES is "
+                        "raised to make at least --steps steps (default 0: off, one process after another)")
+    p.add_argument("--block", type=int, default=3,
+                   help="with --interleave: steps per turn (default 3; the first of each is left out, it follows a "
+                        "pause)")
     p.add_argument("--deadline", type=int, default=None,
                    help="seconds for the whole run: a worker gets at most the time left, and one that would start "
                         "with less than 20 s left is skipped and recorded so (default 540 on a GPU, 0 = none on a "
@@ -1513,6 +1837,11 @@ def parse_args(argv=None):
             setattr(args, name, quick if q else full)
     if args.steps < 2 or args.warmup < 1 or args.warmup >= args.steps:
         p.error("need --steps >= 2 and 1 <= --warmup < --steps")
+    if args.interleave < 0 or (args.interleave and args.block < 2):
+        p.error(f"--interleave takes a number of cycles >= 1 (0: off), got {args.interleave}, and --block a number of "
+                f"steps >= 2, got {args.block}")
+    if args.interleave and args.rounds > 1:
+        p.error("--interleave and --rounds are two ways to repeat the sides: give one")
     env = {}
     for item in args.ls_env:
         name, sep, value = item.partition("=")

@@ -26,6 +26,8 @@ timeout) records its error text in the case; no figure is ever made up. Results 
     python3 bench/swap.py                                # everything, on the GPU (estimated 5-8 minutes on an
                                                          # H100; --deadline 540 s by default)
     python3 bench/swap.py --cases llama-lora:0.25        # one case (model[:fraction[:fraction...]], comma-separated)
+    python3 bench/swap.py --interleave 20 --pin-threads  # the sides take turns, 3 steps each, 20 cycles (lockstep.py):
+                                                         # the machine's drift falls on all alike; paired ratios
     python3 bench/swap.py --quick                        # tiny models: a smoke test of the whole harness
     python3 bench/swap.py --quick --device cpu           # the harness logic on a CPU (layerswap and H2D skipped;
                                                          # the peers run as logic checks, without streams)

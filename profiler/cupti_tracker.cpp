@@ -98,6 +98,7 @@ struct state {
   std::atomic<bool> paused{false};
   std::atomic<bool> busy{false};
   bool busy_reported = false;
+  bool hold_warned = false;  // LAYERSWAP_HOLD=1 said once per process
   bool exit_hook = false;
   bool mode_set = false;  // by tracker_set_mode(), else from the configuration at the next subscribe
   tracker_mode mode;
@@ -636,6 +637,11 @@ bool subscribe_locked(state& s) {
     residency_gate::set_fed(true);  // from here on every launch enters and exits the regions it touches
     // Note [Holding a launch on the GPU] (allocator/residency_gate.hpp): LAYERSWAP_HOLD=1 turns it on.
     residency_gate::set_holding(g_cuda.stream_wait_value != nullptr && global_config().hold);
+    if (global_config().hold && !s.hold_warned) {
+      s.hold_warned = true;
+      LAYERSWAP_LOG(warn, "LAYERSWAP_HOLD=1 is experimental and known to hang: on an H200 the Llama LoRA benchmark "
+                          "at a 25%% budget stops in its first backward pass (README, LAYERSWAP_HOLD); leave it at 0");
+    }
   }
   s.active.store(true);
   if (!s.exit_hook) {

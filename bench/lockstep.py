@@ -172,14 +172,21 @@ class Conductor:
         self.members.append(m)
         return m
 
-    def _expect(self, m, want, timeout_s):
-        """Waits for `want` from `m`; on anything else (exit, timeout, another word) the member is done."""
+    @staticmethod
+    def _word(m, timeout_s):
+        """m's next word, None when it exited; past the timeout it is killed, done, and None."""
         try:
-            got = m.wait(timeout_s)
+            return m.wait(timeout_s)
         except TimeoutError as e:
             m.error = str(e)
             m.kill()
             m.finish(10)
+            return None
+
+    def _expect(self, m, want, timeout_s):
+        """Waits for `want` from `m`; on anything else (exit, timeout, another word) the member is done."""
+        got = self._word(m, timeout_s)
+        if m.done:
             return False
         if got == want:
             return True
@@ -239,14 +246,8 @@ class Conductor:
         return order
 
     def _last(self, m, timeout_s):
-        try:
-            got = m.wait(timeout_s)
-        except TimeoutError as e:
-            m.error = str(e)
-            m.kill()
-            m.finish(10)
-            return None
-        if got is None:
+        got = self._word(m, timeout_s)
+        if got is None and not m.done:
             m.finish(timeout_s)
         return got
 

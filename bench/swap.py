@@ -1151,14 +1151,7 @@ class Runner:
             rc = proc.wait()
         reader.join(timeout=5)
         wall = time.perf_counter() - t0
-        result = None
-        if out_path.exists():
-            try:
-                result = json.loads(out_path.read_text())
-            except ValueError:
-                result = None
-        if result is None:
-            result = {"side": side, "error": None}
+        result = read_result(out_path) or {"side": side, "error": None}
         if timed_out:
             result["error"] = (f"timed out after {limit:.0f} s (--worker-timeout {self.args.worker_timeout}, "
                                f"--deadline {self.args.deadline})")
@@ -1203,13 +1196,7 @@ class Runner:
 
         def collect(member):
             m, out_path, t0 = started[member]
-            result = None
-            if out_path.exists():
-                try:
-                    result = json.loads(out_path.read_text())
-                except ValueError:
-                    result = None
-            result = result or {"side": m["side"], "error": None}
+            result = read_result(out_path) or {"side": m["side"], "error": None}
             rc = member.proc.returncode
             if member.error and not result.get("error"):
                 result["error"] = f"lockstep: {member.error}"
@@ -1249,6 +1236,14 @@ class Runner:
                 print(f"   -> {tag}: {'ok' if not r.get('error') else 'FAILED: ' + r['error'][:300]} "
                       f"({r.get('turns', 0)} turns)", flush=True)
         return results
+
+
+def read_result(path):
+    """A worker's result file, or None when it wrote none (or half of one)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def median_step(res):

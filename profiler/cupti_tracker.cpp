@@ -640,7 +640,7 @@ bool subscribe_locked(state& s) {
     if (global_config().hold && !s.hold_warned) {
       s.hold_warned = true;
       LAYERSWAP_LOG(warn, "LAYERSWAP_HOLD=1 is experimental and known to hang: on an H200 the Llama LoRA benchmark "
-                          "at a 25%% budget stops in its first backward pass (README, LAYERSWAP_HOLD); leave it at 0");
+                          "at a 25%% budget hung in three of four runs (README, LAYERSWAP_HOLD); leave it at 0");
     }
   }
   s.active.store(true);

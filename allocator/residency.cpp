@@ -346,7 +346,7 @@ struct residency_engine::impl {
   residency_stats st;
   std::size_t moves = 0;
   std::vector<swap_region*> moving;  // the regions with a move (moves of them), in no order (Note [Policy rounds])
-  std::vector<swap_region*> poll_scratch;
+  std::vector<swap_region*> poll_scratch;  // a copy of `moving` to walk while moves end (poll_moves, evict_sync)
   std::size_t busy = 0;                 // regions being remapped outside the mutex
   std::condition_variable busy_cv;      // signalled (mutex held) when a remap outside the mutex ends
   std::vector<swap_region*> starting;   // prefetches the policy left for tick() to start without the mutex
@@ -625,8 +625,8 @@ struct residency_engine::impl {
   void release_holds() {
     if (held_moves == 0) return;
     std::vector<swap_region*> held;
-    for (auto& [id, r] : regions) {
-      if (r->mv && r->mv->to_device && r->mv->ticket != 0 && !r->busy) held.push_back(r.get());
+    for (swap_region* r : moving) {
+      if (r->mv->to_device && r->mv->ticket != 0 && !r->busy) held.push_back(r);
     }
     std::sort(held.begin(), held.end(), [](const swap_region* a, const swap_region* b) { return a->mv->number < b->mv->number; });
     for (swap_region* r : held) {
@@ -1590,13 +1590,14 @@ bool residency_engine::evict_sync_locked() {
   // stream runs in order: its copy is the next to end), not for every move, prefetches included.
   const std::int64_t before = m.st.evictions;
   m.wait_none_busy();
-  for (auto& [id, r] : m.regions) {
+  m.poll_scratch = m.moving;  // finish() ends moves
+  for (swap_region* r : m.poll_scratch) {
     if (m.copy_done(*r)) m.finish(*r);
   }
   if (m.st.evictions != before) return true;
   swap_region* oldest = nullptr;
-  for (auto& [id, r] : m.regions) {
-    if (r->mv && !r->mv->to_device && (!oldest || r->mv->started < oldest->mv->started)) oldest = r.get();
+  for (swap_region* r : m.moving) {
+    if (!r->mv->to_device && (!oldest || r->mv->started < oldest->mv->started)) oldest = r;
   }
   if (oldest) {
     m.settle(*oldest);

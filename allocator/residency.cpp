@@ -1121,7 +1121,9 @@ struct residency_engine::impl {
   }
 
   // Moves whose copy has completed (query only, no host wait): abandoned ones are done here; the others are
-  // returned busy, for remaps outside the mutex (Note [Remaps outside the lock]).
+  // returned busy, for remaps outside the mutex (Note [Remaps outside the lock]). Prefetches come first: a launch
+  // may be waiting for one, and its remap (device pages) is quick, while an eviction's maps host pages, the slow
+  // kind (8-13 us per MiB: bench/results/vmm_host_probe.json); a prefetch behind a few of those landed late.
   std::vector<swap_region*> poll_moves() {
     std::vector<swap_region*> ready;
     if (moves == 0) return ready;
@@ -1129,6 +1131,7 @@ struct residency_engine::impl {
     for (swap_region* r : poll_scratch) {
       if (!r->busy && copy_done(*r) && begin_finish(*r)) ready.push_back(r);
     }
+    std::stable_partition(ready.begin(), ready.end(), [](const swap_region* r) { return r->mv->to_device; });
     return ready;
   }
 

@@ -55,13 +55,15 @@ struct chunk {
 std::atomic<chunk*> g_chunks[k_max_chunks];
 std::mutex g_prepare_mutex;
 entry g_unknown;                          // launches that may touch any region (Note [Unknown launches])
-std::atomic<std::uint32_t> g_remapping{0};  // remaps in progress, all regions
-std::atomic<bool> g_fed{false};
+// The globals a launch reads or writes sit on lines of their own, apart from those the migration thread writes
+// (g_remapping at every remap, g_waiting per wait): a launch then misses on none of them after a remap.
+alignas(64) std::atomic<std::uint32_t> g_remapping{0};  // remaps in progress, all regions
+alignas(64) std::atomic<bool> g_fed{false};
 std::atomic<bool> g_counting{false};
 std::atomic<std::uint64_t> g_internal[k_max_internal_streams];  // 0 = free slot
-std::atomic<std::uint64_t> g_counted{0};
+alignas(64) std::atomic<std::uint64_t> g_counted{0};
 std::atomic<std::uint64_t> g_missed{0};
-std::atomic<std::uint32_t> g_waiting{0};
+alignas(64) std::atomic<std::uint32_t> g_waiting{0};
 std::atomic<std::uint64_t> g_waits{0};
 std::atomic<std::uint64_t> g_wait_ns{0};
 std::atomic<std::uint64_t> g_wait_timeouts{0};
@@ -133,7 +135,7 @@ void exit(region_id id, std::uint64_t launch_no) noexcept {
   entry* e = find(id);
   if (!e) return;
   e->sequence.fetch_add(1);
-  e->last_use.store(launch_no);
+  e->last_use.store(launch_no, std::memory_order_release);  // a hint for the policy's ties (no fence needed)
   e->issuing.fetch_sub(1);
 }
 
@@ -172,7 +174,7 @@ void exit_held(region_id id, std::uint64_t launch_no) noexcept {
   if (!e) return;
   e->held_sequence.fetch_add(1);
   e->sequence.fetch_add(1);
-  e->last_use.store(launch_no);
+  e->last_use.store(launch_no, std::memory_order_release);
   e->issuing.fetch_sub(1);
   e->held_issuing.fetch_sub(1);
 }

@@ -55,6 +55,7 @@
 #include "profiler/launch_recorder.hpp"
 #include "profiler/learner.hpp"
 #include "profiler/tracker.hpp"
+#include "runtime/fast_clock.hpp"
 #include "runtime/log.hpp"
 
 static_assert(CU_LAUNCH_PARAM_END_AS_INT == layerswap::profiler::k_launch_param_end);
@@ -451,7 +452,7 @@ void enqueue_holds(const thread_scratch& t) noexcept {
 // covers the decoding, any wait in the residency gate, and the driver.
 void end_api_timing(tracker_core& core, thread_scratch& t) noexcept {
   if (t.api_start == 0) return;
-  core.add_launch_api_time(now_ns() - t.api_start);
+  core.add_launch_api_time(fast_clock::ticks() - t.api_start);
   t.api_start = 0;
 }
 
@@ -648,8 +649,9 @@ bool subscribe_locked(state& s) {
     s.exit_hook = true;
     std::atexit(at_exit);
   }
-  LAYERSWAP_LOG(info, "launch tracker on (runtime callbacks %s, driver callbacks on%s)", runtime_callbacks ? "on" : "off",
-                mode.subscribe_only ? "; subscribe-only: nothing is recorded" : "");
+  LAYERSWAP_LOG(info, "launch tracker on (runtime callbacks %s, driver callbacks on%s; time counters read the %s)",
+                runtime_callbacks ? "on" : "off", mode.subscribe_only ? "; subscribe-only: nothing is recorded" : "",
+                fast_clock::source());
   return true;
 }
 

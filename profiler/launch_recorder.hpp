@@ -17,6 +17,7 @@
 #include "profiler/launch_gate.hpp"
 #include "profiler/layout_cache.hpp"
 #include "profiler/tracker_core.hpp"
+#include "runtime/fast_clock.hpp"
 
 namespace layerswap::profiler {
 
@@ -35,7 +36,7 @@ struct residency_gate_calls {
 struct thread_scratch {
   std::uint32_t generation = 0;  // the subscription this thread's nesting and gate frames belong to
   std::uint64_t stream = 0;      // the stream of the launch being recorded (where its holds' waits go)
-  std::uint64_t api_start = 0;   // now_ns() when the kernel launch in flight was recorded (0: none)
+  std::uint64_t api_start = 0;   // fast_clock::ticks() when the kernel launch in flight was recorded (0: none)
   launch_nesting nesting;
   region_set regions;
   launch_gate<residency_gate_calls> gate;
@@ -71,7 +72,7 @@ inline thread_scratch& this_thread_scratch() noexcept { return detail::t_scratch
 // must be open (t.gate.open()).
 inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn query, std::uint64_t function,
                           const char* name, std::uint64_t stream, void* const* args, void* const* extra) noexcept {
-  t.api_start = now_ns();  // the launch call's time runs from here to its exit callback (tracker_stats::launch_api_ns)
+  t.api_start = fast_clock::ticks();  // the launch call's time runs from here to its exit callback (tracker_stats::launch_api_ns)
   if (stream != 0 && residency_gate::internal_stream(stream)) return;  // the residency engine's digest kernel
   region_set& regions = t.regions;
   regions.clear();

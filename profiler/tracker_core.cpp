@@ -5,6 +5,7 @@
 #include <chrono>
 #include <map>
 
+#include "runtime/fast_clock.hpp"
 #include "runtime/log.hpp"
 #include "runtime/thread_name.hpp"
 
@@ -165,7 +166,7 @@ tracker_stats tracker_core::stats() {
   tracker_stats s = stats_;
   s.dropped = dropped_.load(std::memory_order_relaxed);
   s.nested_skipped = nested_.load(std::memory_order_relaxed);
-  s.launch_api_ns = launch_api_ns_.load(std::memory_order_relaxed);
+  s.launch_api_ns = fast_clock::to_ns(launch_api_ticks_.load(std::memory_order_relaxed));
   s.launch_api_calls = launch_api_calls_.load(std::memory_order_relaxed);
   s.trace_written = trace_.written();
   s.trace_skipped = trace_.skipped();

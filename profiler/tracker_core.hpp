@@ -90,9 +90,10 @@ class tracker_core {
   std::uint64_t record(launch_kind kind, std::uint64_t stream, std::uint32_t kernel, undecoded_reason reason,
               const region_set& regions) noexcept;
   void count_nested() noexcept { nested_.fetch_add(1, std::memory_order_relaxed); }
-  // Time one kernel launch call took, from its API entry to its exit (the driver's own work and any wait in it).
-  void add_launch_api_time(std::uint64_t ns) noexcept {
-    launch_api_ns_.fetch_add(ns, std::memory_order_relaxed);
+  // Time one kernel launch call took, from its API entry to its exit (the driver's own work and any wait in it),
+  // in fast-clock ticks (runtime/fast_clock.hpp; stats() converts).
+  void add_launch_api_time(std::uint64_t ticks) noexcept {
+    launch_api_ticks_.fetch_add(ticks, std::memory_order_relaxed);
     launch_api_calls_.fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -122,7 +123,7 @@ class tracker_core {
   std::atomic<std::uint64_t> next_launch_{1};
   std::atomic<std::uint64_t> dropped_{0};
   std::atomic<std::uint64_t> nested_{0};
-  std::atomic<std::uint64_t> launch_api_ns_{0};
+  std::atomic<std::uint64_t> launch_api_ticks_{0};
   std::atomic<std::uint64_t> launch_api_calls_{0};
   std::uint64_t origin_ns_ = 0;
   bool stamp_ = false;  // whether record() reads the clock (a trace is written)

@@ -975,6 +975,13 @@ struct residency_engine::impl {
     const scoped_ns_timer part(m.to_device ? remap_in_ns : remap_out_ns);
     if (!gate::try_begin_remap(r.id, m.snapshot, m.to_device)) {
       m.refused = true;
+      // The move is abandoned (end_finish). A prefetch's held launches run now, on the host copy that the VA still
+      // maps, released here without the mutex as a landed prefetch's are (the guard below): end_finish needs the
+      // mutex, and a program thread may hold it while it waits on the host for work queued behind those launches
+      // (a fence, with release_holds() skipping this busy region). Waiting for end_finish hung the 1.1B LoRA run
+      // at 25% with LAYERSWAP_HOLD=1 (docs/swapping.md).
+      if (m.to_device) release_hold(r, m);
+      if (options.refused_hook) options.refused_hook(r.id);
       return;
     }
     struct release {

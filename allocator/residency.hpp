@@ -56,6 +56,9 @@ struct residency_options {
   // Tests: called inside every remap (between try_begin_remap and end_remap); the allocator mutex is held when
   // the remap is made by settling or a synchronous eviction, not when the migration thread's tick() makes it.
   std::function<void(region_id)> remap_hook;
+  // Tests: called when the gate refuses a remap (the move is then abandoned), after a prefetch's holds are released;
+  // without the mutex when the migration thread's tick() made the attempt.
+  std::function<void(region_id)> refused_hook;
 };
 
 struct residency_stats {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -56,6 +57,9 @@ bool sim_holds(sim_driver& sim, void* p, std::size_t bytes, std::uint8_t v) {
   return std::all_of(buf.begin(), buf.end(), [&](std::byte b) { return b == std::byte{v}; });
 }
 
+// Tests that need residency_options::refused_hook set it here (harness::make_options forwards to it).
+std::function<void(region_id)> g_refused_hook;
+
 struct harness {
   explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true,
                    bool skip_clean = true, bool sim_digests = true, double oversize = 1.0, bool cache_auto = false)
@@ -84,6 +88,9 @@ struct harness {
     o.residency.enabled = true;
     o.residency.without_tracker = without_tracker;
     o.residency.thread = thread;
+    o.residency.refused_hook = [](region_id id) {
+      if (g_refused_hook) g_refused_hook(id);
+    };
     return o;
   }
 
@@ -1501,6 +1508,53 @@ TEST(Residency, AllocatorHostWaitDoesNotDeadlockOnAHeldLaunch) {
   EXPECT_EQ(h.alloc.residency_of(a), region_residency::device);
   EXPECT_TRUE(h.holds(a, 4 * MiB, 0x66));
   h.alloc.deallocate(c);
+  h.alloc.deallocate(a);
+  h.expect_clean();
+}
+
+// Note [Holds], the migration thread's side: the gate refuses the remap of a prefetch that has a launch held on it
+// (an ordinary launch touched the region meanwhile), and the migration thread, remapping without the mutex, must
+// release the held launch at once. A program thread may hold the mutex meanwhile, waiting on the host for work
+// queued behind that launch (here the fence of a cached segment it reclaims), and release_holds() skips the region
+// (busy). Released only once the migration thread had the mutex back, the two waited for each other: the 1.1B LoRA
+// run at 25% with LAYERSWAP_HOLD=1 hung so on the H200 (the simulated device reports the deadlock).
+TEST(Residency, RefusedPrefetchReleasesItsHeldLaunchWithoutTheMutex) {
+  holding_on on;
+  harness h(14 * MiB);  // a, b, the prefetch's pages and the hold flags' page
+  void* a = h.evicted(4 * MiB, 0x5a);
+  void* b = h.alloc.allocate(4 * MiB, h.s1);
+  h.write(h.s1, b, 4 * MiB, 0x11);
+  ASSERT_TRUE(h.alloc.request_prefetch(a));  // its copy has run (eager); the remap waits for the next tick
+  EXPECT_EQ(h.launch_holding(h.s1, {{reinterpret_cast<device_ptr>(a), 4 * MiB, true, 0x66}}), 1);
+  h.alloc.deallocate(b);  // cached; its segment's fence is behind the held launch on s1
+  gate::set_incoming(harness::id_of(a), false);  // as if the launch below came through a path that cannot hold
+  h.write(h.s2, a, 2 * MiB, 0x31);                // an ordinary launch: the gate will refuse a's remap
+  int refusals = 0;
+  bool allocated = false;
+  std::string error;
+  g_refused_hook = [&](region_id id) {
+    ++refusals;
+    EXPECT_EQ(id, harness::id_of(a));
+    std::thread program([&] {  // the mutex is free: the migration thread's tick remaps without it
+      try {
+        void* c = h.alloc.allocate(8 * MiB, h.s1);  // reclaims b: a host wait on s1, behind the held launch
+        allocated = true;
+        h.alloc.deallocate(c);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+    program.join();
+  };
+  struct hook_off {
+    ~hook_off() { g_refused_hook = nullptr; }
+  } off;
+  h.alloc.residency_tick();
+  EXPECT_EQ(refusals, 1);
+  EXPECT_TRUE(allocated) << "the host wait behind the held launch failed: " << error;
+  EXPECT_EQ(h.alloc.residency().abandoned, 1);
+  EXPECT_NO_THROW(h.sim.run_all());
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 0x66)) << "the held launch's write was lost";
   h.alloc.deallocate(a);
   h.expect_clean();
 }

@@ -48,6 +48,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "allocator/region_map.hpp"
 #include "allocator/registry.hpp"
@@ -637,11 +638,24 @@ bool subscribe_locked(state& s) {
     s.core->start_consumer();
     residency_gate::set_fed(true);  // from here on every launch enters and exits the regions it touches
     // Note [Holding a launch on the GPU] (allocator/residency_gate.hpp): LAYERSWAP_HOLD=1 turns it on.
-    residency_gate::set_holding(g_cuda.stream_wait_value != nullptr && global_config().hold);
+    // With lazy module loading (CUDA_MODULE_LOADING=LAZY, PyTorch's default) a kernel's first launch loads its
+    // module inside the launch call, and the load waited for the GPU while a held launch blocked it until the
+    // migration thread's remap, which waited for the load: the LoRA run at 25% hung so on the H200 (the stack: the
+    // launching thread spinning in cuKernelGetParamInfo inside its launch callback, the migration thread asleep).
+    // Holds are therefore on only with eager loading.
+    const char* loading = std::getenv("CUDA_MODULE_LOADING");
+    const bool eager = loading != nullptr && std::string_view(loading) == "EAGER";
+    residency_gate::set_holding(g_cuda.stream_wait_value != nullptr && global_config().hold && eager);
     if (global_config().hold && !s.hold_warned) {
       s.hold_warned = true;
-      LAYERSWAP_LOG(warn, "LAYERSWAP_HOLD=1 is experimental and known to hang: on an H200 the Llama LoRA benchmark "
-                          "at a 25%% budget hung in three of four runs (README, LAYERSWAP_HOLD); leave it at 0");
+      if (eager) {
+        LAYERSWAP_LOG(warn, "LAYERSWAP_HOLD=1 is experimental (README, LAYERSWAP_HOLD); leave it at 0 unless you are "
+                            "measuring it");
+      } else {
+        LAYERSWAP_LOG(warn, "LAYERSWAP_HOLD=1 ignored: holding launches needs CUDA_MODULE_LOADING=EAGER (it is %s); "
+                            "with lazy loading a kernel's first launch can deadlock against a held launch "
+                            "(README, LAYERSWAP_HOLD)", loading ? loading : "unset, LAZY");
+      }
     }
   }
   s.active.store(true);

@@ -22,7 +22,10 @@
 //   `enter_holding(id, hold&)` and `exit_held(id, launch_no)`. A region entered held is stored with k_held_bit
 //   set (region ids stay below 2^28), so that close() exits it with exit_held(); the newest frame's holds are
 //   kept (up to k_max_holds; past that a region is entered without holding) for the tracker to enqueue their
-//   stream waits before the launch (holds()).
+//   stream waits before the launch (holds()). Only kernel launches are held: a copy or memset frame calls
+//   no_holds() first. The driver reads a copy's pointers (their allocations) inside the API call itself, and a held
+//   region may be remapped meanwhile (the engine remaps a prefetch with held launches pending): a held
+//   cuMemcpyDtoDAsync crashed inside the driver on the H200. A kernel's arguments are only copied.
 //
 // Gate is a type with static `bool enter(region_id)` (true: the region is backed by host pages) and
 // `exit(region_id, launch_no)` (noexcept): the residency gate in production, a recorder in the unit tests. Constant-initializable, so a thread_local needs no guard.
@@ -53,8 +56,11 @@ class launch_gate {
     }
     frames_[depth_++] = frame{count_, 0};
     on_host_ = false;
+    may_hold_ = true;
     nholds_ = 0;
   }
+  // The newest frame enters its regions without holding (a copy or memset: Note [Held regions]).
+  void no_holds() noexcept { may_hold_ = false; }
 
   // Enters a region of the newest frame unless the frame already holds it. False when it was not entered:
   // a duplicate, no frame open, or no room (then counted as unguarded).
@@ -118,7 +124,7 @@ class launch_gate {
       return false;
     }
     if constexpr (requires(residency_gate::hold& h) { Gate::enter_holding(id, h); }) {
-      if (id != residency_gate::k_unknown_region && nholds_ < k_max_holds) {
+      if (may_hold_ && id != residency_gate::k_unknown_region && nholds_ < k_max_holds) {
         residency_gate::hold& h = holds_[nholds_];
         switch (Gate::enter_holding(id, h)) {
           case residency_gate::entry_state::held:
@@ -151,6 +157,7 @@ class launch_gate {
   int depth_ = 0;
   int excess_depth_ = 0;
   bool on_host_ = false;
+  bool may_hold_ = true;
   int nholds_ = 0;
   frame frames_[k_max_depth];
   residency_gate::hold holds_[k_max_holds];

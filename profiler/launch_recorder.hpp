@@ -114,6 +114,7 @@ inline void record_copy(tracker_core& core, thread_scratch& t, launch_kind kind,
   region_set& regions = t.regions;
   regions.clear();
   t.stream = stream;
+  t.gate.no_holds();  // the driver reads a copy's pointers in the call (launch_gate.hpp, Note [Held regions])
   detail::add_pointer(regions, dst);
   if (src != 0) detail::add_pointer(regions, src);
   t.gate.add_all(regions);

@@ -447,6 +447,51 @@ TEST(LaunchGate, EntersAtEnterAndExitsTheSameRegionsWithTheLaunchNumber) {
   EXPECT_TRUE(fake_gate::balanced());
 }
 
+namespace {
+
+// A gate that holds every region it can (Note [Held regions]): a kernel frame holds, a copy frame (no_holds())
+// enters its regions without holding, and close() exits each the way it was entered.
+struct holding_gate {
+  static inline int held_enters = 0;
+  static inline int plain_enters = 0;
+  static inline int held_exits = 0;
+  static inline int plain_exits = 0;
+  static bool enter(region_id) noexcept {
+    ++plain_enters;
+    return false;
+  }
+  static void exit(region_id, std::uint64_t) noexcept { ++plain_exits; }
+  static residency_gate::entry_state enter_holding(region_id id, residency_gate::hold& h) noexcept {
+    ++held_enters;
+    h = residency_gate::hold{0x1000, 1, id};
+    return residency_gate::entry_state::held;
+  }
+  static void exit_held(region_id, std::uint64_t) noexcept { ++held_exits; }
+};
+
+}  // namespace
+
+TEST(LaunchGate, OnlyKernelFramesHoldTheirRegions) {
+  static launch_gate<holding_gate> gate;
+  gate.open();  // a kernel launch
+  gate.add_all(set_of({4, 5}));
+  EXPECT_EQ(gate.hold_count(), 2);
+  gate.close();
+  gate.open();  // a copy
+  gate.no_holds();
+  gate.add_all(set_of({4, 5}));
+  EXPECT_EQ(gate.hold_count(), 0);
+  gate.close();
+  gate.open();  // the next kernel holds again
+  gate.add_all(set_of({6}));
+  EXPECT_EQ(gate.hold_count(), 1);
+  gate.close();
+  EXPECT_EQ(holding_gate::held_enters, 3);
+  EXPECT_EQ(holding_gate::held_exits, 3);
+  EXPECT_EQ(holding_gate::plain_enters, 2);
+  EXPECT_EQ(holding_gate::plain_exits, 2);
+}
+
 TEST(LaunchGate, NestedFramesAndOverflowsStayBalanced) {
   fake_gate::reset();
   static launch_gate<fake_gate> gate;

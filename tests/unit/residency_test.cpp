@@ -1491,18 +1491,26 @@ TEST(Residency, AbandonedPrefetchReleasesItsHeldLaunches) {
   h.expect_clean();
 }
 
+// A region `a` (4 MiB of 0x5a) evicted, its prefetch started (its copy has run: eager device; the remap waits for
+// the next tick), a launch writing 0x66 over it held on s1, and a cached 4 MiB segment b whose fence is behind that
+// launch: reclaiming b waits on the host for the held launch.
+void* held_behind_a_cached_fence(harness& h) {
+  void* a = h.evicted(4 * MiB, 0x5a);
+  void* b = h.alloc.allocate(4 * MiB, h.s1);
+  h.write(h.s1, b, 4 * MiB, 0x11);
+  EXPECT_TRUE(h.alloc.request_prefetch(a));
+  EXPECT_EQ(h.launch_holding(h.s1, {{reinterpret_cast<device_ptr>(a), 4 * MiB, true, 0x66}}), 1);
+  h.alloc.deallocate(b);
+  return a;
+}
+
 // Note [Holds] (residency.cpp): a host wait the allocator makes with its mutex held (here the fence of an idle
 // segment to reclaim) may reach a launch held on a prefetch; the allocator finishes such prefetches first, or the
 // wait would never end (the simulated device reports the deadlock).
 TEST(Residency, AllocatorHostWaitDoesNotDeadlockOnAHeldLaunch) {
   holding_on on;
   harness h(14 * MiB);  // a, b, the prefetch's pages and the hold flags' page
-  void* a = h.evicted(4 * MiB, 0x5a);
-  void* b = h.alloc.allocate(4 * MiB, h.s1);
-  h.write(h.s1, b, 4 * MiB, 0x11);
-  ASSERT_TRUE(h.alloc.request_prefetch(a));
-  EXPECT_EQ(h.launch_holding(h.s1, {{reinterpret_cast<device_ptr>(a), 4 * MiB, true, 0x66}}), 1);
-  h.alloc.deallocate(b);  // cached; its segment's fence is behind the held launch on s1
+  void* a = held_behind_a_cached_fence(h);
   void* c = nullptr;
   ASSERT_NO_THROW(c = h.alloc.allocate(8 * MiB, h.s1));  // reclaims b: a host wait on s1
   EXPECT_EQ(h.alloc.residency_of(a), region_residency::device);
@@ -1521,12 +1529,7 @@ TEST(Residency, AllocatorHostWaitDoesNotDeadlockOnAHeldLaunch) {
 TEST(Residency, RefusedPrefetchReleasesItsHeldLaunchWithoutTheMutex) {
   holding_on on;
   harness h(14 * MiB);  // a, b, the prefetch's pages and the hold flags' page
-  void* a = h.evicted(4 * MiB, 0x5a);
-  void* b = h.alloc.allocate(4 * MiB, h.s1);
-  h.write(h.s1, b, 4 * MiB, 0x11);
-  ASSERT_TRUE(h.alloc.request_prefetch(a));  // its copy has run (eager); the remap waits for the next tick
-  EXPECT_EQ(h.launch_holding(h.s1, {{reinterpret_cast<device_ptr>(a), 4 * MiB, true, 0x66}}), 1);
-  h.alloc.deallocate(b);  // cached; its segment's fence is behind the held launch on s1
+  void* a = held_behind_a_cached_fence(h);
   gate::set_incoming(harness::id_of(a), false);  // as if the launch below came through a path that cannot hold
   h.write(h.s2, a, 2 * MiB, 0x31);                // an ordinary launch: the gate will refuse a's remap
   int refusals = 0;

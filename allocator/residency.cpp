@@ -344,8 +344,7 @@ struct residency_engine::impl {
   bool forecast_applied = false;   // the last policy round had a forecast (ranks mean next uses)
   std::uint64_t pin_generation = ~std::uint64_t{0};
   residency_stats st;
-  std::size_t moves = 0;
-  std::vector<swap_region*> moving;  // the regions with a move (moves of them), in no order (Note [Policy rounds])
+  std::vector<swap_region*> moving;  // the regions with a move, in no order; its size is the moves in flight (Note [Policy rounds])
   std::vector<swap_region*> poll_scratch;  // a copy of `moving` to walk while moves end (poll_moves, evict_sync)
   std::size_t busy = 0;                 // regions being remapped outside the mutex
   std::condition_variable busy_cv;      // signalled (mutex held) when a remap outside the mutex ends
@@ -916,7 +915,6 @@ struct residency_engine::impl {
     m->started = ++moves_started;
     r.mv = std::move(m);
     r.state = state;
-    ++moves;
     r.moving_at = moving.size();
     moving.push_back(&r);
     if (state == region_residency::moving_in) gate::set_incoming(r.id, true);  // Note [Waiting for a prefetch]
@@ -1049,7 +1047,6 @@ struct residency_engine::impl {
     const bool incoming = r.mv->to_device;
     if (incoming) release_hold(r, *r.mv);  // abandoned or cancelled: held launches run on the host copy
     r.mv.reset();
-    --moves;
     moving[r.moving_at] = moving.back();
     moving[r.moving_at]->moving_at = r.moving_at;
     moving.pop_back();
@@ -1133,7 +1130,7 @@ struct residency_engine::impl {
   // kind (8-13 us per MiB: bench/results/vmm_host_probe.json); a prefetch behind a few of those landed late.
   std::vector<swap_region*> poll_moves() {
     std::vector<swap_region*> ready;
-    if (moves == 0) return ready;
+    if (moving.empty()) return ready;
     poll_scratch = moving;  // copy_done and begin_finish may end moves (abandoned, cancelled)
     for (swap_region* r : poll_scratch) {
       if (!r->busy && copy_done(*r) && begin_finish(*r)) ready.push_back(r);
@@ -1725,7 +1722,7 @@ residency_stats residency_engine::stats_locked() const {
   const impl& m = *impl_;
   residency_stats s = m.st;
   s.host_bytes = static_cast<std::int64_t>(m.host_bytes);
-  s.moves_in_flight = static_cast<std::int64_t>(m.moves);
+  s.moves_in_flight = static_cast<std::int64_t>(m.moving.size());
   s.active = m.active();
   const gate::launch_counts counts = gate::counts();
   s.launches_counted = counts.launches;
@@ -1783,7 +1780,10 @@ std::string residency_engine::verify_locked() const {
     }
     if (r->mv) ++moves;
   }
-  if (moves != m.moves || m.moving.size() != m.moves) return "the count of moves in flight is wrong";
+  if (moves != m.moving.size()) return "the count of moves in flight is wrong";
+  for (std::size_t i = 0; i < m.moving.size(); ++i) {
+    if (!m.moving[i]->mv || m.moving[i]->moving_at != i) return "the list of regions with a move is wrong";
+  }
   if (m.index.size() != m.regions.size()) return "the region index does not match the regions";
   for (const auto& [id, r] : m.regions) {
     if (m.index.find(id) != r.get()) return "the region index does not find region " + std::to_string(id);

@@ -61,24 +61,19 @@ bool kernel_uses_tsc() noexcept {
 namespace detail {
 
 int detect() noexcept {
-  int mode = steady;
-  const char* why = "steady clock";
+  static std::once_flag once;  // callers racing at the first ticks() detect once and agree
+  std::call_once(once, [] {
+    int mode = steady;
 #if defined(__x86_64__)
-  if (cpu_says_invariant()) {
-    mode = tsc, why = "tsc (invariant)";
-  } else if (kernel_uses_tsc()) {
-    mode = tsc, why = "tsc (clocksource)";
-  }
-#endif
-  int expected = unknown;
-  static std::once_flag origin;
-  std::call_once(origin, [&] {
-    g_source = why;
-#if defined(__x86_64__)
+    if (cpu_says_invariant()) {
+      mode = tsc, g_source = "tsc (invariant)";
+    } else if (kernel_uses_tsc()) {
+      mode = tsc, g_source = "tsc (clocksource)";
+    }
     g_origin_ticks.store(mode == tsc ? __rdtsc() : 0, std::memory_order_relaxed);
 #endif
     g_origin_ns.store(steady_ns(), std::memory_order_relaxed);
-    g_mode.compare_exchange_strong(expected, mode);
+    g_mode.store(mode);
   });
   return g_mode.load();
 }

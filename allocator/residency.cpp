@@ -70,8 +70,9 @@
 //   again a little later: a LoRA step at 25% on the H200 destroyed ~13 and made ~32 segments, each new one a map and
 //   a set-access on the program's thread (~140 µs each), and each destroyed one an unmap, all waiting for the
 //   driver's lock while the migration thread remapped (4.5 ms of segment making per step). So a destroyed segment
-//   whose chunk has no home yet keeps it mapped where it is: the segment's VA, a range of the allocator's arena,
-//   becomes the spare chunk's home (arena_home; remove_locked(keep_home)). Its owner and region id are cleared
+//   keeps its chunk mapped where it is: the segment's VA, a range of the allocator's arena, becomes the spare
+//   chunk's home (arena_home; remove_locked(keep_home)), and a home the chunk had elsewhere is unmapped instead (one
+//   unmap either way; most chunks have served a prefetch and have one). Its owner and region id are cleared
 //   (lookups answer 0 there), and nothing but the engine uses it: a prefetch into the chunk copies there, as into any
 //   home. A new segment of that size then takes such a chunk first and lives at its home (note_segment_on_home): no
 //   driver call at all, and the chunk has no home again until its segment goes. Prefetches take a chunk with a home
@@ -1611,7 +1612,8 @@ residency_engine::removed residency_engine::remove_locked(swap_region* r, bool k
   if (r->state == region_residency::host) {
     m.port.unmap(r->va, r->bytes);  // one mapping: the host backing (Note [Chunks])
     out = removed::unmapped;
-  } else if (r->chunk && keep_home && !r->chunk.home) {  // Note [Homes]: mapped and given access already
+  } else if (r->chunk && keep_home) {  // Note [Homes]: mapped and given access already
+    m.unhome(r->bytes, r->chunk);     // a home it had elsewhere: one unmap, as the region's VA would have cost
     r->chunk.home = r->va;
     r->chunk.arena_home = true;
     ++m.st.homes_kept;

@@ -196,8 +196,8 @@ class residency_engine {
     home,      // the chunk stays mapped there as its home (Note [Homes]): the VA is the spare chunk's now
   };
   // The segment is being destroyed (no pending work touches it): settles, unmaps a host mapping or a chunk of its VA,
-  // or, when `keep_home` and its chunk has no home yet, keeps the chunk mapped there as its home; then forgets the
-  // region.
+  // or, when `keep_home`, keeps the chunk mapped there as its home (unmapping a home it had elsewhere); then forgets
+  // the region.
   removed remove_locked(swap_region* r, bool keep_home);
   // Allocation under pressure (Note [Allocation under pressure]): evicts one region synchronously. False when
   // nothing is left to evict.

@@ -309,14 +309,23 @@ TEST(Residency, ADestroyedSegmentsVaStaysItsChunksHomeForTheNextSegment) {
   EXPECT_TRUE(h.holds(b, 6 * MiB, 0x44));
   EXPECT_LE(h.sim.live_device_bytes(), 16 * MiB);
   h.expect_clean();
-  void* c = h.written(8 * MiB, 0x55);  // q's old range is free again
+  void* c = h.written(4 * MiB, 0x55);  // q's old range is free again (12 + 4 of 16: nothing moves)
   EXPECT_EQ(c, q);
   EXPECT_TRUE(h.holds(p, 6 * MiB, 0x11));
+  ASSERT_EQ(h.alloc.residency_of(p), region_residency::device);
+  // p's new chunk got a home of its own for the prefetch. Destroyed, p keeps its chunk at p's VA instead: that home
+  // is unmapped (and unreserved), p's VA not.
+  h.alloc.deallocate(p);
+  const std::size_t reserved = h.sim.num_reserved_bytes();
+  unmaps = h.sim.num_unmaps();
   h.alloc.deallocate(b);
   h.alloc.deallocate(c);
-  h.alloc.deallocate(p);
   h.alloc.empty_cache();
-  EXPECT_EQ(h.alloc.residency().spare_bytes, 0);
+  st = h.alloc.residency();
+  EXPECT_EQ(st.homes_kept, 5) << "p, b and c each left their chunk at home";
+  EXPECT_EQ(st.spare_bytes, 0);
+  EXPECT_EQ(h.sim.num_reserved_bytes(), reserved - 6 * MiB) << "p's own home VA is gone; the arena stays";
+  EXPECT_EQ(h.sim.num_unmaps() - unmaps, 4u) << "p's own home, then the three homes as their chunks went";
   h.expect_clean();
 }
 

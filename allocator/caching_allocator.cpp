@@ -1052,19 +1052,21 @@ void caching_allocator::impl::poll_fences_locked() {
   }
 }
 
+// For a prefetch: large idle segments first, slabs only when those do not make the room (Note [Slabs last]).
 void caching_allocator::impl::reclaim_idle(std::size_t n) {
   poll_fences_locked();
-  segment* seg = idle.head;
   auto room = [&] {  // pages a request could have without reclaiming
     return unused_pages_locked() + (engine ? engine->spare_pages_locked() : 0);
   };
-  while (seg && room() < n) {
-    segment* next = seg->idle_hook.next;
-    if (reclaimable_now_locked(seg)) {  // its pages join the pool, its chunk the spares
-      destroy_segment_locked(seg);
-      ++st.num_engine_reclaims;
+  for (const bool slabs : {false, true}) {
+    for (segment* seg = idle.head; seg && room() < n;) {
+      segment* next = seg->idle_hook.next;
+      if (seg->slab == slabs && reclaimable_now_locked(seg)) {  // its pages join the pool, its chunk the spares
+        destroy_segment_locked(seg);
+        ++st.num_engine_reclaims;
+      }
+      seg = next;
     }
-    seg = next;
   }
   start_fences_locked();
 }

@@ -48,6 +48,8 @@ py::dict stats_dict(const allocator_stats& s) {
   d["active_bytes"] = stat_dict(s.all.active_bytes);
   d["allocations"] = stat_dict(s.all.allocations);
   d["segments"] = stat_dict(s.all.segments);
+  d["small_segments"] = stat_dict(s.small.segments);  // slabs
+  d["large_segments"] = stat_dict(s.large.segments);
   d["small_pool_reserved_bytes"] = stat_dict(s.small.reserved_bytes);
   d["large_pool_reserved_bytes"] = stat_dict(s.large.reserved_bytes);
   d["cached_bytes"] = s.cached_bytes;

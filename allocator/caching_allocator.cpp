@@ -68,6 +68,16 @@
 //   the tails it holds left the policy almost no capacity: prefetching collapsed (0.70 GB H2D per step against
 //   8.92 GB, launches waiting 0.35 s per step) and the step slowed from 0.72 to 0.95 s. So it is off by default.
 //
+// Note [Slabs last]
+//   A prefetch that finds no room reclaims idle segments (reclaim_idle): large ones first, least recently freed
+//   first, and slabs only when the large ones do not make the room. A reclaimed slab's pages are released for the
+//   prefetch's chunk, and the program soon makes the slab again (pages created, one mapping each, access granted,
+//   waiting for the driver's lock while the migration thread remaps), on its own thread; a large idle segment leaves
+//   a spare chunk, often of a prefetch's size. On the H200 (1.1B LoRA at 25%, interleaved with the code before it)
+//   the policy reclaimed 2.1 segments per step instead of 12.8, the program made 1.3 slabs per step, its allocator
+//   calls took 5.9 ms per step instead of 9.3 (segment making 2.0 ms instead of 4.2, mutex waits 2.3 ms instead of
+//   2.9), and launches waited no longer for prefetches (2.0 ms per step against 2.4).
+//
 // Locking: one mutex per allocator; public methods take it, *_locked helpers assume it. The residency engine
 // runs under the same mutex (its migration thread takes it).
 #include "allocator/caching_allocator.hpp"

@@ -329,6 +329,36 @@ TEST(Residency, ADestroyedSegmentsVaStaysItsChunksHomeForTheNextSegment) {
   h.expect_clean();
 }
 
+// Note [Slabs last] (caching_allocator.cpp): a prefetch short of room reclaims a large idle segment before an idle
+// slab freed earlier, and stops there: the slab stays cached for the program's next small allocation.
+TEST(Residency, APrefetchReclaimsLargeIdleSegmentsBeforeSlabs) {
+  harness h(16 * MiB);
+  void* p = h.evicted(6 * MiB, 0x11);  // its chunk: a spare of 6 MiB
+  void* a = h.written(6 * MiB, 0x22);  // takes it
+  void* x = h.alloc.allocate(4096, h.s1);  // a slab of one granule
+  h.alloc.deallocate(x);  // idle first
+  h.alloc.deallocate(a);  // idle after it
+  void* q = h.written(8 * MiB, 0x33);  // 16 of 16 held
+  h.alloc.residency_tick();            // fences: both idle segments can go without a host wait
+  const std::int64_t slabs = h.alloc.stats().small.segments.current;
+  const std::int64_t reclaims = h.alloc.stats().num_engine_reclaims;
+  ASSERT_EQ(slabs, 1);
+  h.come_back(p);
+  EXPECT_EQ(h.alloc.stats().num_engine_reclaims - reclaims, 1) << "a alone made the room";
+  EXPECT_EQ(h.alloc.stats().small.segments.current, 1) << "the slab freed before a is still cached";
+  const std::int64_t made = h.alloc.stats().small.segments.allocated;
+  void* y = h.alloc.allocate(4096, h.s1);
+  EXPECT_EQ(h.alloc.stats().small.segments.allocated, made) << "the cached slab served it";
+  EXPECT_TRUE(h.holds(p, 6 * MiB, 0x11));
+  EXPECT_TRUE(h.holds(q, 8 * MiB, 0x33));
+  h.expect_clean();
+  h.alloc.deallocate(y);
+  h.alloc.deallocate(q);
+  h.alloc.deallocate(p);
+  h.alloc.empty_cache();
+  h.expect_clean();
+}
+
 // Note [Chunks]: when the device itself is full (another process; the budget has room), a new segment's chunk is
 // made after the spare chunks are released, not after evicting or failing.
 TEST(Residency, ADeviceFullOfSparesReleasesThemForANewSegment) {

@@ -299,7 +299,6 @@ struct caching_allocator::impl final : detail::page_source {
   [[nodiscard]] std::size_t idle_bytes() const override;
   void reclaim_idle(std::size_t n) override;
   void maintain() override;
-  void release_va(device_ptr va, std::size_t bytes) override { release_va_locked(va, bytes >> gran_shift); }
   void start_engine_if_needed();
   // The mutex, for the program's allocate/deallocate: counts the calls that had to wait for it (the migration
   // thread holds it for its rounds) and how long.
@@ -669,16 +668,7 @@ segment* caching_allocator::impl::add_segment_locked(stream_pool* pool, device_p
 segment* caching_allocator::impl::new_chunk_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request) {
   const auto start = std::chrono::steady_clock::now();
   const std::size_t n = bytes >> gran_shift;
-  detail::device_chunk chunk = gather_chunk_locked(n, request);
-  if (chunk.arena_home) {  // Note [Homes] in residency.cpp: the chunk is mapped there, with access, and nothing uses it
-    const device_ptr va = std::exchange(chunk.home, 0);
-    chunk.arena_home = false;
-    segment* s = add_segment_locked(pool, va, bytes, {});
-    s->swap = engine->add_locked(s->region, va, bytes, chunk);
-    engine->note_segment_on_home_locked();
-    st.segment_new_ns += elapsed_ns(start);
-    return s;
-  }
+  const detail::device_chunk chunk = gather_chunk_locked(n, request);
   device_ptr va = 0;
   bool mapped = false;
   try {
@@ -748,16 +738,14 @@ void caching_allocator::impl::destroy_segment_locked(segment* seg) {
     retiring.erase(it);
     break;
   }
-  // A swappable segment's VA holds one mapping, a host backing or a chunk, which the engine unmaps or keeps as the
-  // chunk's home (remove_locked; Note [Homes] in residency.cpp). Device pages the allocator unmaps itself.
-  using removed = detail::residency_engine::removed;
-  const removed done = seg->swap ? engine->remove_locked(seg->swap, true) : removed::left;
+  // A host-backed region's VA holds one host mapping, which the engine unmaps (remove_locked).
+  const bool host_unmapped = seg->swap && engine->remove_locked(seg->swap);
   seg->swap = nullptr;
-  if (done == removed::left) {
+  if (!host_unmapped) {
     for (std::size_t i = 0; i < seg->pages.size(); ++i) port.unmap(seg->va + (i << gran_shift), gran);
   }
   set_owner_locked(seg->va, seg->npages(), nullptr);
-  if (done != removed::home) release_va_locked(seg->va, seg->npages());  // a home's range stays reserved for it
+  release_va_locked(seg->va, seg->npages());
   idle_pages.insert(idle_pages.end(), seg->pages.begin(), seg->pages.end());
   count(seg->slab, &pool_stats::segments, -1);
   if (seg->slab) {  // its pages return to the pool, which counts as large
@@ -1405,21 +1393,9 @@ void caching_allocator::verify() const {
       if (s->idle_hook.linked != (!s->live && !pending)) fail("large idle-list membership is wrong");
     }
   }
-  if (m.engine) {  // Note [Homes] (residency.cpp): a spare chunk's arena home is reserved, owned by no segment
-    for (const auto& [va, bytes] : m.engine->arena_homes_locked()) {
-      const arena* a = m.arena_of_locked(va);
-      if (!a || va + bytes > a->base + a->bytes) fail("a spare chunk's arena home lies outside the arenas");
-      const std::size_t first = (va - a->base) >> m.gran_shift;
-      const std::size_t count = bytes >> m.gran_shift;
-      for (const auto& [run, len] : a->free_runs) {
-        if (run < first + count && first < run + len) fail("a spare chunk's arena home is free in its arena");
-      }
-      ranges.emplace_back(va, va + bytes);
-    }
-  }
   std::sort(ranges.begin(), ranges.end());
   for (std::size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second) fail("two segments (or a segment and a chunk's home) overlap");
+    if (ranges[i].first < ranges[i - 1].second) fail("two segments overlap");
   }
   std::size_t idle_pages = 0;
   for (const segment* s = m.idle.head; s; s = s->idle_hook.next) idle_pages += s->npages();

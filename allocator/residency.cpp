@@ -65,20 +65,6 @@
 //   prefetch or a segment needs room for another size, and when an allocation needs pages (release_spare_locked:
 //   nothing pending touches a spare chunk).
 //
-// Note [Homes]
-//   Under a tight budget the policy reclaims idle segments for its prefetches' room and the program makes them
-//   again a little later: a LoRA step at 25% on the H200 destroyed ~13 and made ~32 segments, each new one a map and
-//   a set-access on the program's thread (~140 µs each), and each destroyed one an unmap, all waiting for the
-//   driver's lock while the migration thread remapped (4.5 ms of segment making per step). So a destroyed segment
-//   keeps its chunk mapped where it is: the segment's VA, a range of the allocator's arena, becomes the spare
-//   chunk's home (arena_home; remove_locked(keep_home)), and a home the chunk had elsewhere is unmapped instead (one
-//   unmap either way; most chunks have served a prefetch and have one). Its owner and region id are cleared
-//   (lookups answer 0 there), and nothing but the engine uses it: a prefetch into the chunk copies there, as into any
-//   home. A new segment of that size then takes such a chunk first and lives at its home (note_segment_on_home): no
-//   driver call at all, and the chunk has no home again until its segment goes. Prefetches take a chunk with a home
-//   of their own first, so that the arena homes stay for segments. Releasing a chunk unmaps an arena home and gives
-//   the range back to the arena (page_source::release_va) instead of unreserving it.
-//
 // Note [Write-back]
 //   A region's host backing is kept for its life, so after a prefetch the host copy still holds what came in. With
 //   LAYERSWAP_WRITEBACK=skip-clean (the default) and a port that can digest (driver::can_digest, runtime/digest.hpp):
@@ -447,10 +433,10 @@ struct residency_engine::impl {
   }
   // A spare chunk of `bytes` (in `out`), else room in the budget for a new one (`out` left empty), spare chunks of
   // other sizes released for it, largest first (fewest releases). False when even that leaves no room.
-  bool claim_chunk(std::size_t bytes, device_chunk& out, bool for_segment = false) {
+  bool claim_chunk(std::size_t bytes, device_chunk& out) {
     for (;;) {
-      if (const std::optional<device_chunk> c =
-              for_segment ? take_spare(bytes, segment_rank) : take_spare(bytes, prefetch_rank)) {
+      if (const std::optional<device_chunk> c = take_pooled(spare_chunks, bytes)) {
+        spare_bytes -= bytes;
         out = *c;
         return true;
       }
@@ -492,40 +478,14 @@ struct residency_engine::impl {
   }
   // The chunk's device memory, gone (mutex held: the budget's books).
   void release_chunk(std::size_t bytes, const device_chunk& c) {
-    unhome(bytes, c);
+    if (c.home) {
+      port.unmap(c.home, bytes);
+      port.unreserve(c.home, bytes);
+    }
     port.release(c.handle);
     source.give_room(bytes / gran);
     ++st.chunks_released;
   }
-  // The chunk's home VA unmapped and given back: unreserved, or to the arena (Note [Homes]).
-  void unhome(std::size_t bytes, const device_chunk& c) {
-    if (!c.home) return;
-    port.unmap(c.home, bytes);
-    if (c.arena_home) {
-      source.release_va(c.home, bytes);
-    } else {
-      port.unreserve(c.home, bytes);
-    }
-  }
-  // A spare chunk of `bytes`, the kind of home `rank` ranks lowest first (Note [Homes]).
-  template <class Rank>
-  std::optional<device_chunk> take_spare(std::size_t bytes, Rank rank) {
-    auto [first, last] = spare_chunks.equal_range(bytes);
-    if (first == last) return std::nullopt;
-    auto best = first;
-    for (auto it = std::next(first); it != last && rank(best->second) != 0; ++it) {
-      if (rank(it->second) < rank(best->second)) best = it;
-    }
-    const device_chunk c = best->second;
-    spare_chunks.erase(best);
-    spare_bytes -= bytes;
-    return c;
-  }
-  // A prefetch copies into its chunk's home: a home of its own first, then an arena home, then none (add_home).
-  static int prefetch_rank(const device_chunk& c) noexcept { return !c.home ? 2 : c.arena_home ? 1 : 0; }
-  // A segment lives at an arena home; else it maps the chunk at a VA of its own: one without a home first, so
-  // that the homes stay for prefetches.
-  static int segment_rank(const device_chunk& c) noexcept { return c.arena_home ? 0 : !c.home ? 1 : 2; }
   void release_spare(std::multimap<std::size_t, device_chunk>::iterator it) {
     const auto [bytes, c] = *it;
     spare_chunks.erase(it);
@@ -1430,7 +1390,10 @@ residency_engine::~residency_engine() {
   impl& m = *impl_;
   try {
     for (auto& [bytes, c] : m.spare_chunks) {  // every region is gone: its chunk is spare
-      m.unhome(bytes, c);  // before the allocator's arenas go (its destructor resets the engine first)
+      if (c.home) {
+        m.port.unmap(c.home, bytes);
+        m.port.unreserve(c.home, bytes);
+      }
       m.port.release(c.handle);
     }
     for (auto& [bytes, h] : m.spare_host) m.release_host(bytes, h);
@@ -1605,23 +1568,12 @@ bool residency_engine::moving_locked(const swap_region* r) const noexcept { retu
 
 void residency_engine::settle_locked(swap_region* r) { impl_->settle(*r); }
 
-residency_engine::removed residency_engine::remove_locked(swap_region* r, bool keep_home) {
+bool residency_engine::remove_locked(swap_region* r) {
   impl& m = *impl_;
   m.settle(*r);
-  removed out = removed::left;
-  if (r->state == region_residency::host) {
-    m.port.unmap(r->va, r->bytes);  // one mapping: the host backing (Note [Chunks])
-    out = removed::unmapped;
-  } else if (r->chunk && keep_home) {  // Note [Homes]: mapped and given access already
-    m.unhome(r->bytes, r->chunk);     // a home it had elsewhere: one unmap, as the region's VA would have cost
-    r->chunk.home = r->va;
-    r->chunk.arena_home = true;
-    ++m.st.homes_kept;
-    out = removed::home;
-  } else if (r->chunk) {
-    m.port.unmap(r->va, r->bytes);  // one mapping: the chunk (Note [Chunks])
-    out = removed::unmapped;
-  }
+  const bool host_mapped = r->state == region_residency::host;
+  const bool unmapped = host_mapped || r->chunk;
+  if (unmapped) m.port.unmap(r->va, r->bytes);  // one mapping: the host backing or the chunk (Note [Chunks])
   if (r->chunk) m.add_spare(r->bytes, std::exchange(r->chunk, {}));
   gate::set_on_host(r->id, false);
   if (r->flag_slot != k_no_slot) m.free_slots.push_back(r->flag_slot);  // its ticket count goes on
@@ -1630,7 +1582,7 @@ residency_engine::removed residency_engine::remove_locked(swap_region* r, bool k
   std::replace(m.forecast_regions.begin(), m.forecast_regions.end(), r, static_cast<swap_region*>(nullptr));
   m.index.erase(r->id);
   m.regions.erase(r->id);
-  return out;
+  return unmapped;
 }
 
 void residency_engine::release_holds_locked() { impl_->release_holds(); }
@@ -1729,7 +1681,7 @@ device_chunk residency_engine::take_chunk_locked(std::size_t bytes) {
   const std::size_t n = bytes / m.gran;
   for (;;) {
     device_chunk c;
-    if (!m.claim_chunk(bytes, c, true)) return {};
+    if (!m.claim_chunk(bytes, c)) return {};
     if (c) return c;
     try {
       device_chunk made = m.make_chunk(bytes, false);
@@ -1746,16 +1698,6 @@ device_chunk residency_engine::take_chunk_locked(std::size_t bytes) {
 }
 
 void residency_engine::give_chunk_locked(std::size_t bytes, const device_chunk& chunk) { impl_->add_spare(bytes, chunk); }
-
-void residency_engine::note_segment_on_home_locked() noexcept { ++impl_->st.segments_on_homes; }
-
-std::vector<std::pair<device_ptr, std::size_t>> residency_engine::arena_homes_locked() const {
-  std::vector<std::pair<device_ptr, std::size_t>> out;
-  for (const auto& [bytes, c] : impl_->spare_chunks) {
-    if (c.arena_home) out.emplace_back(c.home, bytes);
-  }
-  return out;
-}
 
 std::size_t residency_engine::spare_pages_locked() const noexcept { return impl_->spare_bytes / impl_->gran; }
 

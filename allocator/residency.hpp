@@ -95,8 +95,6 @@ struct residency_stats {
   std::int64_t chunks_for_segments = 0;      // ... of the created: for new large segments (take_chunk_locked)
   std::int64_t chunks_released_for_size = 0; // ... of the released: spares that made room for a chunk of another size
   std::int64_t chunks_released_for_pages = 0;  // ... spares released for the allocator (release_spare_locked)
-  std::int64_t homes_kept = 0;         // destroyed segments whose VA stayed mapped as their chunk's home (Note [Homes])
-  std::int64_t segments_on_homes = 0;  // new large segments made at a spare chunk's home VA: no driver call
   std::int64_t spare_bytes = 0;        // device bytes in spare chunks now
   std::int64_t cache_reserve_bytes = 0;  // the cache reserve the last policy round left (Note [Cache reserve])
   std::int64_t cache_misses = 0;       // allocations that destroyed a cached segment for want of their size
@@ -108,12 +106,10 @@ enum class region_residency : std::uint8_t { none, device, host, moving_in, movi
 namespace detail {
 
 // One physical allocation of device memory backing a whole large segment (residency.cpp, Note [Chunks]), and the
-// VA of its own where it is also mapped (0: none yet): reserved for it at its first prefetch, or the VA of the
-// segment it backed when that segment was destroyed, a range of the allocator's arena (`arena_home`; Note [Homes]).
+// VA of its own where it is also mapped once a prefetch has copied into it (0: none yet).
 struct device_chunk {
   phys_handle handle = 0;
   device_ptr home = 0;
-  bool arena_home = false;  // `home` is a range of the allocator's arena: page_source::release_va() takes it back
   explicit operator bool() const noexcept { return handle != 0; }
 };
 
@@ -144,8 +140,6 @@ class page_source {
   virtual void reclaim_idle(std::size_t n) = 0;
   // Housekeeping the allocator does from the migration thread (retiring freed host-backed segments).
   virtual void maintain() = 0;
-  // A spare chunk's home in the allocator's arena (device_chunk::arena_home), unmapped: the VA range is free again.
-  virtual void release_va(device_ptr va, std::size_t bytes) = 0;
 };
 
 struct swap_region;
@@ -174,13 +168,10 @@ class residency_engine {
   // A large segment was created: `chunk`, from take_chunk_locked(), is mapped at `va` and backs the region while it
   // is on the device; the engine swaps it for host pages and back (Note [Chunks]).
   swap_region* add_locked(region_id id, device_ptr va, std::size_t bytes, device_chunk chunk);
-  // A chunk of `bytes` for a new large segment (Note [Chunks]): a spare one of that size (one with an arena home
-  // first: the segment can live at that VA, Note [Homes]), else a new one within the budget (page_source::take_room;
-  // spare chunks of other sizes are released to make room). Empty when there is no room now (the caller reclaims or
-  // evicts, then asks again) or the device is full.
+  // A chunk of `bytes` for a new large segment (Note [Chunks]): a spare one of that size, else a new one within the
+  // budget (page_source::take_room; spare chunks of other sizes are released to make room). Empty when there is no
+  // room now (the caller reclaims or evicts, then asks again) or the device is full.
   device_chunk take_chunk_locked(std::size_t bytes);
-  // A new segment was made at the arena home of the chunk take_chunk_locked() gave (no driver call: counted).
-  void note_segment_on_home_locked() noexcept;
   // A chunk from take_chunk_locked() that no segment took (mapping it failed): back to the spares.
   void give_chunk_locked(std::size_t bytes, const device_chunk& chunk);
   void set_live_locked(swap_region* r, bool live);
@@ -189,16 +180,9 @@ class residency_engine {
   [[nodiscard]] bool moving_locked(const swap_region* r) const noexcept;
   // Waits for the region's move (host wait) and completes it.
   void settle_locked(swap_region* r);
-  // What remove_locked() did with the region's VA.
-  enum class removed : std::uint8_t {
-    left,      // nothing: device pages back it, which the caller unmaps; then it releases the VA
-    unmapped,  // the host mapping or the chunk is unmapped: the caller releases the VA
-    home,      // the chunk stays mapped there as its home (Note [Homes]): the VA is the spare chunk's now
-  };
-  // The segment is being destroyed (no pending work touches it): settles, unmaps a host mapping or a chunk of its VA,
-  // or, when `keep_home`, keeps the chunk mapped there as its home (unmapping a home it had elsewhere); then forgets
-  // the region.
-  removed remove_locked(swap_region* r, bool keep_home);
+  // The segment is being destroyed (no pending work touches it): settles, unmaps a host mapping or a chunk of its VA
+  // (returns true then; otherwise the caller unmaps the device pages) and forgets the region.
+  bool remove_locked(swap_region* r);
   // Allocation under pressure (Note [Allocation under pressure]): evicts one region synchronously. False when
   // nothing is left to evict.
   bool evict_sync_locked();
@@ -218,8 +202,6 @@ class residency_engine {
   [[nodiscard]] std::size_t chunk_pages_locked() const noexcept;
   [[nodiscard]] std::size_t spare_pages_locked() const noexcept;
   [[nodiscard]] bool has_spare_locked(std::size_t bytes) const noexcept;  // a spare chunk of exactly `bytes`
-  // The arena homes of the spare chunks (Note [Homes]), [va, va + bytes) each: the allocator checks them (verify).
-  [[nodiscard]] std::vector<std::pair<device_ptr, std::size_t>> arena_homes_locked() const;
   // Releases spare chunks worth at least `pages` pages, or all of them (no host wait: nothing pending touches
   // them). Returns the pages given back.
   std::size_t release_spare_locked(std::size_t pages = SIZE_MAX);

@@ -721,9 +721,8 @@ PER_STEP_STATS = ("launch_wait_s", "launch_waits", "launch_holds", "stall_evicti
                   "launch_api_calls", "host_wait_s", "num_host_waits", "stall_s", "policy_rounds", "policy_s",
                   "remap_s", "stage_s", "remap_in_s", "remap_out_s", "prefetches", "chunks_created", "chunks_released", "call_s", "num_calls",
                   "num_reclaims", "num_engine_reclaims", "segment_new_s", "segment_destroy_s", "chunks_for_segments",
-                  "chunks_released_for_size", "chunks_released_for_pages", "homes_kept", "segments_on_homes",
-                  "small_segments.allocated", "large_segments.allocated",
-                  "maintain_s", "room_s",
+                  "chunks_released_for_size", "chunks_released_for_pages", "small_segments.allocated",
+                  "large_segments.allocated", "maintain_s", "room_s",
                   "num_lock_spins")
 
 

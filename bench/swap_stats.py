@@ -34,7 +34,6 @@ CAUSES = [("segs", "segments.allocated", "{:.0f}"), ("new s", "segment_new_s", "
           ("by policy", "num_engine_reclaims", "{:.0f}"), ("chunks", "chunks_created", "{:.0f}"),
           ("for segs", "chunks_for_segments", "{:.0f}"), ("released", "chunks_released", "{:.0f}"),
           ("for size", "chunks_released_for_size", "{:.0f}"), ("for pages", "chunks_released_for_pages", "{:.0f}"),
-          ("kept", "homes_kept", "{:.0f}"), ("on homes", "segments_on_homes", "{:.0f}"),
           ("policy", "policy_s", "{:.3f}"), ("maintain", "maintain_s", "{:.3f}"), ("room", "room_s", "{:.3f}"),
           ("waits", "num_lock_waits", "{:.0f}"), ("spun", "num_lock_spins", "{:.0f}")]
 
@@ -101,9 +100,8 @@ def main(argv=None):
     print("per step: segs: segments made; new s, del s: seconds making and destroying them (on the allocating thread: "
           "reclaims and evictions included in new s); reclaim: idle segments destroyed for an allocation; by policy: "
           "... for a prefetch; chunks: chunks made, for segs: of which for new segments; released: chunks released, "
-          "for size: to make room for another size, for pages: for the allocator's pages; kept: destroyed segments "
-          "whose chunk kept their VA as its home, on homes: segments made there with no driver call; policy: seconds "
-          "the policy held the allocator's mutex, maintain: of which the allocator's housekeeping, room: of which finding prefetches "
+          "for size: to make room for another size, for pages: for the allocator's pages; policy: seconds the policy held "
+          "the allocator's mutex, maintain: of which the allocator's housekeeping, room: of which finding prefetches "
           "a chunk; waits: allocator calls that found the mutex taken, spun: of which got it spinning")
     threads = thread_rows(res)
     if threads:

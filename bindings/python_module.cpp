@@ -111,8 +111,6 @@ py::dict residency_dict(const residency_stats& r) {
   d["chunks_for_segments"] = r.chunks_for_segments;
   d["chunks_released_for_size"] = r.chunks_released_for_size;
   d["chunks_released_for_pages"] = r.chunks_released_for_pages;
-  d["homes_kept"] = r.homes_kept;
-  d["segments_on_homes"] = r.segments_on_homes;
   d["cache_reserve_bytes"] = r.cache_reserve_bytes;
   d["cache_misses"] = r.cache_misses;
   if (r.launches_counted) {

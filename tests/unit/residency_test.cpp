@@ -266,69 +266,6 @@ TEST(Residency, ChunksAreReusedBySizeAndReleasedForTheBudget) {
   h.expect_clean();
 }
 
-// Note [Homes]: a segment destroyed for a prefetch's room leaves its chunk mapped at its VA, as the chunk's home. The
-// prefetch copies there; once its region goes out again, a new segment of that size lives at that VA with no driver
-// call; a chunk released for another size gives its home back to the arena. Every byte stays where it belongs.
-TEST(Residency, ADestroyedSegmentsVaStaysItsChunksHomeForTheNextSegment) {
-  harness h(16 * MiB);
-  void* p = h.evicted(6 * MiB, 0x11);  // its chunk: a spare of 6 MiB, with no home
-  void* a = h.written(6 * MiB, 0x22);  // takes that chunk, mapped at a new VA
-  h.alloc.deallocate(a);
-  void* q = h.written(8 * MiB, 0x33);  // 6 idle + 8 held of 16
-  h.alloc.residency_tick();            // fences a's stream: its segment can be reclaimed without a host wait
-  std::size_t maps = h.sim.num_maps(), unmaps = h.sim.num_unmaps(), creates = h.sim.num_creates();
-  h.come_back(p);  // no room: the policy reclaims a, whose chunk stays mapped at a's VA, and copies into it there
-  residency_stats st = h.alloc.residency();
-  EXPECT_EQ(st.homes_kept, 1);
-  EXPECT_EQ(h.sim.num_creates(), creates);
-  EXPECT_EQ(h.sim.num_maps() - maps, 1u) << "p's VA only: the chunk's home was a's";
-  EXPECT_EQ(h.sim.num_unmaps() - unmaps, 1u) << "p's host mapping only: a's VA stayed mapped";
-  EXPECT_TRUE(h.holds(p, 6 * MiB, 0x11));
-  h.expect_clean();
-  h.go_out(p);  // the chunk is spare again, at home at a's VA
-  maps = h.sim.num_maps();
-  unmaps = h.sim.num_unmaps();
-  void* b = h.written(6 * MiB, 0x44);
-  EXPECT_EQ(b, a) << "the new segment lives at the spare chunk's home";
-  EXPECT_EQ(h.sim.num_maps(), maps);
-  EXPECT_EQ(h.sim.num_unmaps(), unmaps);
-  EXPECT_EQ(h.alloc.residency().segments_on_homes, 1);
-  EXPECT_TRUE(h.holds(b, 6 * MiB, 0x44));
-  EXPECT_TRUE(h.holds(p, 6 * MiB, 0x11));
-  h.expect_clean();
-  // q goes the same way, but p needs 6 MiB: q's chunk (8 MiB) is released for the size, its home unmapped and its
-  // VA back in the arena.
-  h.alloc.deallocate(q);
-  h.alloc.residency_tick();
-  h.come_back(p);
-  st = h.alloc.residency();
-  EXPECT_EQ(st.homes_kept, 2);
-  EXPECT_GE(st.chunks_released_for_size, 1);
-  EXPECT_EQ(st.spare_bytes, 0);
-  EXPECT_TRUE(h.holds(p, 6 * MiB, 0x11));
-  EXPECT_TRUE(h.holds(b, 6 * MiB, 0x44));
-  EXPECT_LE(h.sim.live_device_bytes(), 16 * MiB);
-  h.expect_clean();
-  void* c = h.written(4 * MiB, 0x55);  // q's old range is free again (12 + 4 of 16: nothing moves)
-  EXPECT_EQ(c, q);
-  EXPECT_TRUE(h.holds(p, 6 * MiB, 0x11));
-  ASSERT_EQ(h.alloc.residency_of(p), region_residency::device);
-  // p's new chunk got a home of its own for the prefetch. Destroyed, p keeps its chunk at p's VA instead: that home
-  // is unmapped (and unreserved), p's VA not.
-  h.alloc.deallocate(p);
-  const std::size_t reserved = h.sim.num_reserved_bytes();
-  unmaps = h.sim.num_unmaps();
-  h.alloc.deallocate(b);
-  h.alloc.deallocate(c);
-  h.alloc.empty_cache();
-  st = h.alloc.residency();
-  EXPECT_EQ(st.homes_kept, 5) << "p, b and c each left their chunk at home";
-  EXPECT_EQ(st.spare_bytes, 0);
-  EXPECT_EQ(h.sim.num_reserved_bytes(), reserved - 6 * MiB) << "p's own home VA is gone; the arena stays";
-  EXPECT_EQ(h.sim.num_unmaps() - unmaps, 4u) << "p's own home, then the three homes as their chunks went";
-  h.expect_clean();
-}
-
 // Note [Slabs last] (caching_allocator.cpp): a prefetch short of room reclaims a large idle segment before an idle
 // slab freed earlier, and stops there: the slab stays cached for the program's next small allocation.
 TEST(Residency, APrefetchReclaimsLargeIdleSegmentsBeforeSlabs) {
@@ -1440,7 +1377,6 @@ TEST(ResidencyGate, EngineCopyStreamsAreInternal) {
     [[nodiscard]] std::size_t idle_bytes() const override { return 0; }
     void reclaim_idle(std::size_t) override {}
     void maintain() override {}
-    void release_va(device_ptr, std::size_t) override {}
   } pages;
   const stream_handle program = port.create_stream();
   {

@@ -1788,9 +1788,6 @@ std::string residency_engine::verify_locked() const {
   for (const auto& [id, r] : m.regions) {
     if (m.index.find(id) != r.get()) return "the region index does not find region " + std::to_string(id);
   }
-  for (std::size_t i = 0; i < m.moving.size(); ++i) {
-    if (!m.moving[i]->mv || m.moving[i]->moving_at != i) return "the list of regions with a move is wrong";
-  }
   for (const auto& [bytes, h] : m.spare_host) backing += bytes;
   std::size_t spare = 0;
   for (const auto& [bytes, c] : m.spare_chunks) spare += bytes;

@@ -26,6 +26,7 @@ struct forecast {
   std::uint64_t generation = 0;       // bumped whenever the learned order changes (relearned)
   std::uint64_t position = 0;         // launch number the forecast was made at
   std::uint64_t step_launches = 0;    // launches per step (the period)
+  std::uint64_t step_position = 0;    // the learner's position within its learned step (0..step_launches-1)
   std::vector<forecast_entry> upcoming;  // in order of next use; each region at most once
 };
 

@@ -161,6 +161,25 @@
 //   Without a tracker feeding the gate (gate::fed() false) the engine cannot see launches, so it can never know
 //   a region is idle: it moves nothing, not even under pressure (the allocator raises OOM as before). Tests that
 //   play the tracker set residency_options::without_tracker.
+//
+// Note [Idle engine]
+//   The migration thread wakes every `period` (200 us) to poll its moves and, at most every k_policy_period, run
+//   the policy. A process that stops launching (between training steps, waiting for data, or a side of an
+//   interleaved benchmark waiting for its turn) would go on waking 5,000 times a second, each time fetching the
+//   forecast, for nothing, on a core the running work may need. So while its ticks find no move in flight and no
+//   launch counted since the last one (residency_gate::counts), the sleep doubles, up to k_idle_period (4 ms); a
+//   launch counted, a move started or a launch waiting for a prefetch (which wakes the engine) restores the period.
+//   An idle engine still runs its rounds, at that slower pace: a prefetch that found no room may start later.
+//
+// Note [Late prefetches]
+//   Statistics of the prefetches a launch waited for (residency_stats::late_*), to tell why they were late: the
+//   gate stamps when the first launch began waiting (take_wait_start), the move when it was begun, when
+//   poll_moves first saw its copy complete and when its remap ended. A wait splits into the part before the copy
+//   was seen complete (the copy was late: begun too late, or queued behind other copies) and the part after (the
+//   migration thread had not remapped it yet: busy with other remaps, or between polls); the lead is how long
+//   before the wait the prefetch was begun. The waits are also summed by the eighth of the learned step the
+//   policy's last forecast was in, beside the peak of the transient bytes (Note [Policy]) seen in each eighth,
+//   which shows where in the step the forward and backward passes lie.
 #include "allocator/residency.hpp"
 
 #include <algorithm>
@@ -191,8 +210,13 @@ constexpr std::uint64_t k_far = std::numeric_limits<std::uint64_t>::max();
 constexpr std::chrono::microseconds k_waited_period{20};
 constexpr std::size_t k_no_slot = ~std::size_t{0};
 constexpr std::chrono::microseconds k_policy_period{1000};
+constexpr std::chrono::microseconds k_idle_period{4000};  // the longest sleep of an idle engine (Note [Idle engine])
 constexpr std::size_t k_digest_chunk = 512;         // regions' result words allocated at a time (Note [Write-back])
 constexpr std::uint8_t k_unchecked_evictions = 8;   // evictions copied without a check after two dirty ones
+std::uint64_t steady_ns() noexcept {  // the clock of residency_gate::take_wait_start (Note [Late prefetches])
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
 }
 
 // A region's host backing: one host-located allocation, and a view of it (a VA of its own, mapped once) that
@@ -223,6 +247,12 @@ struct move {
   std::uint32_t ticket = 0;          // prefetch: the hold published (0: none; Note [Holds])
   std::uint64_t number = 0;          // order of publication of the holds (release_holds)
   std::uint64_t started = 0;         // order of the moves' starts (evict_sync_locked waits for the oldest eviction)
+  // Prefetch timing, steady-clock ns (Note [Late prefetches]): begun, its copy seen complete, a launch began
+  // waiting for it (0: none did), remapped.
+  std::uint64_t begun_ns = 0;
+  std::uint64_t copy_seen_ns = 0;
+  std::uint64_t waited_from_ns = 0;
+  std::uint64_t remapped_ns = 0;
 };
 
 struct alignas(64) swap_region {
@@ -359,6 +389,7 @@ struct residency_engine::impl {
   std::atomic<std::size_t> held_moves{0};  // moves with a published hold (released by busy owners too)
   std::uint64_t holds_published = 0;       // holds published so far (their order: release_holds)
   std::uint64_t moves_started = 0;         // moves started so far (move::started)
+  std::size_t step_phase = 0;  // the step's eighth the last forecast was made in (Note [Late prefetches])
   std::chrono::steady_clock::time_point last_policy{};  // guarded by tick_mutex
   // Note [Write-back]: result words for the regions' digests, k_digest_chunk regions per allocation.
   std::atomic<int> digest_support{0};  // 0: not asked yet; 1: the port digests; -1: no skip
@@ -392,6 +423,7 @@ struct residency_engine::impl {
   std::condition_variable wake_cv;
   bool stopping = false;
   bool woken = false;
+  std::atomic<bool> quiet{false};  // the last tick ended with no move in flight (Note [Idle engine])
   bool error_logged = false;
 
   [[nodiscard]] bool active() const noexcept { return options.without_tracker || gate::fed(); }
@@ -913,6 +945,7 @@ struct residency_engine::impl {
   // A started move becomes the region's.
   void begin(swap_region& r, std::unique_ptr<move> m, region_residency state) {
     m->started = ++moves_started;
+    if (state == region_residency::moving_in) m->begun_ns = steady_ns();
     r.mv = std::move(m);
     r.state = state;
     r.moving_at = moving.size();
@@ -989,6 +1022,8 @@ struct residency_engine::impl {
         gate::end_remap(r.id);
         if (r.mv->to_device) {
           gate::set_incoming(r.id, false);  // Note [Waiting for a prefetch]
+          r.mv->remapped_ns = steady_ns();  // Note [Late prefetches]
+          r.mv->waited_from_ns = gate::take_wait_start(r.id);
           e.release_hold(r, *r.mv);         // after the remap: Note [Holds]
         }
       }
@@ -1028,6 +1063,7 @@ struct residency_engine::impl {
       ++st.prefetches;
       r.digest_known = m.digested;  // Note [Write-back]: the digest of what came in, which the host copy holds
       if (m.digested) r.digest = {m.words[0], m.words[1]};
+      if (m.waited_from_ns != 0) count_late(r, m);
     } else {
       add_spare(r.bytes, std::exchange(r.chunk, {}));
       r.state = region_residency::host;
@@ -1041,6 +1077,21 @@ struct residency_engine::impl {
       if (m.sync) ++st.stall_evictions;
     }
     end_move(r);
+  }
+
+  // Note [Late prefetches]: a prefetch that a launch waited for, split into where the wait went.
+  void count_late(const swap_region& r, const move& m) {
+    const std::uint64_t from = m.waited_from_ns;
+    const std::uint64_t copied = std::max(m.copy_seen_ns, from);
+    ++st.late_prefetches;
+    st.late_bytes += static_cast<std::int64_t>(r.bytes);
+    st.late_lead_us += static_cast<std::int64_t>(from > m.begun_ns ? (from - m.begun_ns) / 1000 : 0);
+    const auto copy_us = static_cast<std::int64_t>((copied - from) / 1000);
+    const auto remap_us = static_cast<std::int64_t>(m.remapped_ns > copied ? (m.remapped_ns - copied) / 1000 : 0);
+    st.late_copy_wait_us += copy_us;
+    st.late_remap_wait_us += remap_us;
+    st.late_wait_us_by_phase[std::min<std::size_t>(step_phase, st.late_wait_us_by_phase.size() - 1)] +=
+        copy_us + remap_us;
   }
 
   void end_move(swap_region& r) {
@@ -1085,6 +1136,47 @@ struct residency_engine::impl {
     busy_cv.notify_all();
   }
 
+  // tick(): the remaps of the moves poll_moves() found finished, without the mutex, then their books with it
+  // (outside_lock). Note [Prefetches before evictions]: poll_moves puts prefetches first, but a tick's evictions
+  // may take a while (a host remap: 8-13 us per MiB), and a prefetch whose copy completes meanwhile would wait for
+  // them all, with a launch waiting for it. So while a launch waits (gate::waiting()), each eviction's remap is
+  // preceded by a poll of the prefetches (the mutex held briefly), whose finished ones are remapped first.
+  void remap_finished(std::unique_lock<std::mutex>& lock, std::vector<swap_region*>& finished,
+                      std::exception_ptr& failure) {
+    if (finished.empty()) return;
+    lock.unlock();
+    const auto remap = [&](swap_region& r) {
+      try {
+        remap_busy(r);
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    };
+    const std::size_t polled = finished.size();
+    for (std::size_t i = 0; i < polled; ++i) {
+      swap_region* r = finished[i];
+      if (!r->mv->to_device && gate::waiting() != 0) {
+        const std::size_t before = finished.size();
+        lock.lock();
+        poll_prefetches(finished);
+        lock.unlock();
+        for (std::size_t k = before; k < finished.size(); ++k) remap(*finished[k]);
+      }
+      remap(*r);
+    }
+    lock.lock();
+    for (swap_region* r : finished) end_finish(*r);
+    busy_cv.notify_all();
+  }
+
+  // The prefetches whose copy has completed, made busy for their remap and appended to `out` (mutex held).
+  void poll_prefetches(std::vector<swap_region*>& out) {
+    poll_scratch = moving;  // begin_finish may end moves (cancelled)
+    for (swap_region* r : poll_scratch) {
+      if (r->mv->to_device && !r->busy && copy_done(*r) && begin_finish(*r)) out.push_back(r);
+    }
+  }
+
   // Waits (releasing the mutex, which the caller holds) until `r` is not being remapped outside the mutex.
   void wait_not_busy(swap_region& r) {
     if (!r.busy) return;
@@ -1121,6 +1213,7 @@ struct residency_engine::impl {
   // copy is enqueued then (Note [Write-back]), done already only on an eager simulated device.
   bool copy_done(swap_region& r) {
     if (!r.mv || !r.mv->done || !port.query(r.mv->done)) return false;
+    if (r.mv->to_device && r.mv->copy_seen_ns == 0) r.mv->copy_seen_ns = steady_ns();  // Note [Late prefetches]
     return resolve_check(r) || (r.mv && port.query(r.mv->done));
   }
 
@@ -1280,7 +1373,14 @@ struct residency_engine::impl {
   }
 
   void policy_forecast(const forecast& f, std::size_t budget) {
-    max_transient = std::max(max_transient, transient_bytes());
+    const std::size_t transient = transient_bytes();
+    max_transient = std::max(max_transient, transient);
+    if (f.step_launches != 0) {  // Note [Late prefetches]
+      step_phase = static_cast<std::size_t>(f.step_position % f.step_launches * st.late_wait_us_by_phase.size() /
+                                            f.step_launches);
+      auto& peak = st.transient_peak_by_phase[step_phase];
+      peak = std::max(peak, static_cast<std::int64_t>(transient));
+    }
     std::size_t capacity = budget > max_transient ? budget - max_transient : 0;
     // Note [Cache reserve]
     const std::size_t cache_reserve = options.cache_reserve_auto ? std::min(cache_grown, capacity / 2)
@@ -1428,9 +1528,18 @@ void residency_engine::start() {
     name_this_thread("layerswap-move");
     impl& e = *impl_;
     std::unique_lock lock(e.wake_mutex);
+    std::uint64_t launches = ~std::uint64_t{0};
+    unsigned idle_ticks = 0;
     while (!e.stopping) {
-      // While launches wait for a prefetch (Note [Waiting for a prefetch]), poll the moves far more often.
-      const auto period = gate::waiting() != 0 ? k_waited_period : e.options.period;
+      // While launches wait for a prefetch (Note [Waiting for a prefetch]), poll the moves far more often; while
+      // the engine is idle, less and less often (Note [Idle engine]).
+      const std::uint64_t now_launches = gate::counts().launches;
+      idle_ticks = e.quiet.load() && now_launches == launches ? idle_ticks + 1 : 0;
+      launches = now_launches;
+      auto period = gate::waiting() != 0 ? k_waited_period : e.options.period;
+      if (idle_ticks != 0 && period < k_idle_period) {
+        period = std::min<std::chrono::microseconds>(period * (1u << std::min(idle_ticks, 10u)), k_idle_period);
+      }
       e.wake_cv.wait_for(lock, period, [&] { return e.stopping || e.woken; });
       if (e.stopping) break;
       e.woken = false;
@@ -1492,8 +1601,8 @@ void residency_engine::tick() {
   // without the mutex, on regions marked busy.
   std::unique_lock lock(m.mutex);
   std::exception_ptr failure;
-  const std::vector<swap_region*> finished = m.poll_moves();
-  m.outside_lock(lock, finished, &impl::remap_busy, &impl::end_finish, failure);
+  std::vector<swap_region*> finished = m.poll_moves();
+  m.remap_finished(lock, finished, failure);
   // Note [Policy rounds]: the migration thread runs the policy when a move finished (pages and regions changed)
   // or launches wait for a prefetch, else at most every k_policy_period: a round holds the allocator mutex, and
   // the program's allocations wait meanwhile (a LoRA step allocates every ~25 us, so nearly every round makes
@@ -1528,6 +1637,7 @@ void residency_engine::tick() {
     m.st.policy_us += elapsed_us(now);
   }
   m.outside_lock(lock, std::exchange(m.starting, {}), &impl::start_deferred, &impl::end_start, failure);
+  m.quiet.store(m.moving.empty());
   if (failure) std::rethrow_exception(failure);
 }
 

@@ -6,6 +6,7 @@
 // that acts on a region being remapped waits for the remap, releasing the mutex meanwhile.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -98,6 +99,16 @@ struct residency_stats {
   std::int64_t spare_bytes = 0;        // device bytes in spare chunks now
   std::int64_t cache_reserve_bytes = 0;  // the cache reserve the last policy round left (Note [Cache reserve])
   std::int64_t cache_misses = 0;       // allocations that destroyed a cached segment for want of their size
+  // Note [Late prefetches] in residency.cpp: prefetches a launch waited for, their bytes, how long after its
+  // begin the first launch began waiting (summed), and that wait split: until the copy was seen complete, and
+  // from then until the remap ended; the waits summed by the eighth of the learned step they happened in.
+  std::int64_t late_prefetches = 0;
+  std::int64_t late_bytes = 0;
+  std::int64_t late_lead_us = 0;
+  std::int64_t late_copy_wait_us = 0;
+  std::int64_t late_remap_wait_us = 0;
+  std::array<std::int64_t, 8> late_wait_us_by_phase{};
+  std::array<std::int64_t, 8> transient_peak_by_phase{};  // bytes: the transient peak seen in each eighth
   bool active = false;                 // whether the engine moves regions (a fed gate or without_tracker)
 };
 

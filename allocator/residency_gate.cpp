@@ -44,6 +44,8 @@ struct alignas(64) entry {
   std::atomic<std::uint64_t> hold_flag{0};
   std::atomic<std::uint32_t> held_issuing{0};
   std::atomic<std::uint64_t> held_sequence{0};
+  // Steady-clock ns when the first launch began waiting for the prefetch in flight (0: none; take_wait_start).
+  std::atomic<std::uint64_t> wait_start{0};
 };
 
 static_assert(sizeof(entry) == 64);
@@ -78,6 +80,9 @@ void* g_wake_context = nullptr;
 void wait_incoming(entry& e, bool until_hold = false) noexcept {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
+  std::uint64_t none = 0;
+  e.wait_start.compare_exchange_strong(none, static_cast<std::uint64_t>(start.time_since_epoch().count()) | 1,
+                                       std::memory_order_relaxed);
   g_waiting.fetch_add(1);
   {
     std::lock_guard lock(g_wake_mutex);
@@ -257,7 +262,15 @@ void end_remap(region_id id) noexcept {
 }
 
 void set_incoming(region_id id, bool incoming) noexcept {
-  if (entry* e = find(id); e && e != &g_unknown) e->incoming.store(incoming ? 1 : 0);
+  entry* e = find(id);
+  if (!e || e == &g_unknown) return;
+  if (incoming) e->wait_start.store(0, std::memory_order_relaxed);
+  e->incoming.store(incoming ? 1 : 0);
+}
+
+std::uint64_t take_wait_start(region_id id) noexcept {
+  entry* e = find(id);
+  return e && e != &g_unknown ? e->wait_start.exchange(0, std::memory_order_relaxed) : 0;
 }
 
 std::uint32_t waiting() noexcept { return g_waiting.load(std::memory_order_relaxed); }

@@ -701,6 +701,8 @@ def _flatten(d, prefix=""):
             out.update(_flatten(v, key + "."))
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             out[key] = v
+        elif isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            out.update({f"{key}.{i}": x for i, x in enumerate(v)})
     return out
 
 
@@ -723,7 +725,8 @@ PER_STEP_STATS = ("launch_wait_s", "launch_waits", "launch_holds", "stall_evicti
                   "num_reclaims", "num_engine_reclaims", "segment_new_s", "segment_destroy_s", "chunks_for_segments",
                   "chunks_released_for_size", "chunks_released_for_pages", "small_segments.allocated",
                   "large_segments.allocated", "maintain_s", "room_s",
-                  "num_lock_spins")
+                  "num_lock_spins", "late_prefetches", "late_bytes", "late_lead_s", "late_copy_wait_s",
+                  "late_remap_wait_s") + tuple(f"late_wait_s_by_phase.{i}" for i in range(8))
 
 
 def layerswap_traffic(before, after, steps):

@@ -113,6 +113,17 @@ py::dict residency_dict(const residency_stats& r) {
   d["chunks_released_for_pages"] = r.chunks_released_for_pages;
   d["cache_reserve_bytes"] = r.cache_reserve_bytes;
   d["cache_misses"] = r.cache_misses;
+  d["late_prefetches"] = r.late_prefetches;
+  d["late_bytes"] = r.late_bytes;
+  d["late_lead_s"] = static_cast<double>(r.late_lead_us) * 1e-6;
+  d["late_copy_wait_s"] = static_cast<double>(r.late_copy_wait_us) * 1e-6;
+  d["late_remap_wait_s"] = static_cast<double>(r.late_remap_wait_us) * 1e-6;
+  py::list by_phase;
+  for (const std::int64_t us : r.late_wait_us_by_phase) by_phase.append(static_cast<double>(us) * 1e-6);
+  d["late_wait_s_by_phase"] = by_phase;
+  py::list transient_by_phase;
+  for (const std::int64_t bytes : r.transient_peak_by_phase) transient_by_phase.append(bytes);
+  d["transient_peak_by_phase"] = transient_by_phase;
   if (r.launches_counted) {
     d["hit_rate"] = 1.0 - static_cast<double>(r.launches_missed) / static_cast<double>(r.launches_counted);
   } else {

@@ -542,6 +542,7 @@ void learner::current(forecast& out, std::size_t max_regions) {
   out.upcoming.clear();
   out.learned = t != nullptr;
   out.step_launches = t ? t->period : 0;
+  out.step_position = t ? position : 0;
   if (!t || max_regions == 0 || t->uses.empty()) return;
 
   // Regions already emitted, by generation stamp (no clearing per call).

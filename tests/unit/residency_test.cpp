@@ -59,6 +59,8 @@ bool sim_holds(sim_driver& sim, void* p, std::size_t bytes, std::uint8_t v) {
 
 // Tests that need residency_options::refused_hook set it here (harness::make_options forwards to it).
 std::function<void(region_id)> g_refused_hook;
+// ... and residency_options::remap_hook (called as a remap begins, without the mutex).
+std::function<void(region_id)> g_remap_hook;
 
 struct harness {
   explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true,
@@ -90,6 +92,9 @@ struct harness {
     o.residency.thread = thread;
     o.residency.refused_hook = [](region_id id) {
       if (g_refused_hook) g_refused_hook(id);
+    };
+    o.residency.remap_hook = [](region_id id) {
+      if (g_remap_hook) g_remap_hook(id);
     };
     return o;
   }
@@ -1497,6 +1502,96 @@ TEST(Residency, HeldLaunchRunsAfterThePrefetchLands) {
   EXPECT_EQ(h.alloc.residency_of(a), region_residency::host);
   EXPECT_TRUE(h.holds(a, 4 * MiB, 0x77));
   h.alloc.deallocate(a);
+  h.expect_clean();
+}
+
+// Note [Late prefetches]: a prefetch a launch waited for is counted, with its bytes and the wait (here ~30 ms
+// until the tick that remaps it), split into before and after its copy was seen complete; a prefetch nobody waited
+// for is not counted, and a stale wait stamp does not reach the next prefetch of the region.
+TEST(Residency, APrefetchALaunchWaitedForIsCountedLate) {
+  harness h(64 * MiB);
+  void* b = h.prefetching(2 * MiB, 0x21);
+  h.alloc.residency_tick();  // lands: nobody waited
+  EXPECT_EQ(h.alloc.residency().late_prefetches, 0);
+  void* a = h.prefetching(4 * MiB, 0x5a);  // eager: its copy has run, its remap waits for the next tick
+  std::atomic<bool> entered{false};
+  std::thread launcher([&] {
+    const region_id id = harness::id_of(a);
+    gate::enter(id);
+    entered = true;
+    gate::exit(id, 1000);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_FALSE(entered.load()) << "the launch did not wait for the prefetch";
+  h.alloc.residency_tick();  // remaps: the launch goes on
+  launcher.join();
+  const residency_stats st = h.alloc.residency();
+  EXPECT_EQ(st.prefetches, 2);
+  EXPECT_EQ(st.late_prefetches, 1);
+  EXPECT_EQ(st.late_bytes, static_cast<std::int64_t>(4 * MiB));
+  EXPECT_GE(st.late_copy_wait_us + st.late_remap_wait_us, 25'000);
+  std::int64_t by_phase = 0;
+  for (const std::int64_t us : st.late_wait_us_by_phase) by_phase += us;
+  EXPECT_EQ(by_phase, st.late_copy_wait_us + st.late_remap_wait_us);
+  EXPECT_EQ(gate::take_wait_start(harness::id_of(a)), 0u) << "the engine left the wait stamp behind";
+  // The region goes out and comes back with nobody waiting: still one late prefetch.
+  h.go_out(a);
+  h.come_back(a);
+  EXPECT_EQ(h.alloc.residency().late_prefetches, 1);
+  for (void* p : {a, b}) h.alloc.deallocate(p);
+  h.expect_clean();
+}
+
+// Note [Idle engine]: a migration thread with nothing in flight and no launch counted backs off to a sleep of 4 ms,
+// so that its rounds (one per 1 ms at most when it wakes every 200 us) come far less often.
+TEST(Residency, AnIdleEngineWakesLessOften) {
+  harness h(64 * MiB, true, /*thread=*/true);
+  void* a = h.written(4 * MiB, 0x31);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the backoff ramps up
+  const std::int64_t before = h.alloc.residency().policy_rounds;
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  const std::int64_t rounds = h.alloc.residency().policy_rounds - before;
+  EXPECT_LE(rounds, 200) << "an idle engine ran a round every " << 400.0 / static_cast<double>(std::max<std::int64_t>(rounds, 1)) << " ms";
+  h.alloc.deallocate(a);
+}
+
+// Note [Prefetches before evictions]: while a launch waits for a prefetch, a prefetch whose copy completes during a
+// tick's evictions is remapped before the next eviction, not after them all.
+TEST(Residency, APrefetchLandingDuringEvictionsIsRemappedFirstWhileALaunchWaits) {
+  harness h(64 * MiB);
+  void* p = h.evicted(4 * MiB, 0x5a);
+  void* q = h.evicted(2 * MiB, 0x5c);  // the region a launch waits for (its prefetch stays "in flight")
+  void* e1 = h.written(4 * MiB, 0x11);
+  void* e2 = h.written(4 * MiB, 0x12);
+  const region_id qid = harness::id_of(q);
+  gate::set_incoming(qid, true);
+  std::thread waiter([&] {
+    gate::enter(qid);
+    gate::exit(qid, 1000);
+  });
+  while (gate::waiting() == 0) std::this_thread::yield();
+  ASSERT_TRUE(h.alloc.request_evict(e1));  // eager: both copies complete at once, the remaps wait for the tick
+  ASSERT_TRUE(h.alloc.request_evict(e2));
+  std::vector<region_id> order;
+  g_remap_hook = [&](region_id id) {
+    order.push_back(id);
+    if (order.size() == 1) {
+      EXPECT_TRUE(h.alloc.request_prefetch(p));  // its copy completes during the evictions
+    }
+  };
+  h.alloc.residency_tick();
+  g_remap_hook = nullptr;
+  gate::set_incoming(qid, false);
+  waiter.join();
+  ASSERT_EQ(order.size(), 3u) << "the prefetch that landed during the evictions waited for the next tick";
+  EXPECT_EQ(order[1], harness::id_of(p)) << "the prefetch was remapped after the second eviction";
+  EXPECT_EQ(h.alloc.residency_of(p), region_residency::device);
+  EXPECT_EQ(h.alloc.residency_of(e1), region_residency::host);
+  EXPECT_EQ(h.alloc.residency_of(e2), region_residency::host);
+  EXPECT_TRUE(h.holds(p, 4 * MiB, 0x5a));
+  EXPECT_TRUE(h.holds(e1, 4 * MiB, 0x11));
+  EXPECT_TRUE(h.holds(e2, 4 * MiB, 0x12));
+  for (void* x : {p, q, e1, e2}) h.alloc.deallocate(x);
   h.expect_clean();
 }
 

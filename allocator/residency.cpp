@@ -162,15 +162,6 @@
 //   a region is idle: it moves nothing, not even under pressure (the allocator raises OOM as before). Tests that
 //   play the tracker set residency_options::without_tracker.
 //
-// Note [Idle engine]
-//   The migration thread wakes every `period` (200 us) to poll its moves and, at most every k_policy_period, run
-//   the policy. A process that stops launching (between training steps, waiting for data, or a side of an
-//   interleaved benchmark waiting for its turn) would go on waking 5,000 times a second, each time fetching the
-//   forecast, for nothing, on a core the running work may need. So while its ticks find no move in flight and no
-//   launch counted since the last one (residency_gate::counts), the sleep doubles, up to k_idle_period (4 ms); a
-//   launch counted, a move started or a launch waiting for a prefetch (which wakes the engine) restores the period.
-//   An idle engine still runs its rounds, at that slower pace: a prefetch that found no room may start later.
-//
 // Note [Late prefetches]
 //   Statistics of the prefetches a launch waited for (residency_stats::late_*), to tell why they were late: the
 //   gate stamps when the first launch began waiting (take_wait_start), the move when it was begun, when
@@ -210,7 +201,6 @@ constexpr std::uint64_t k_far = std::numeric_limits<std::uint64_t>::max();
 constexpr std::chrono::microseconds k_waited_period{20};
 constexpr std::size_t k_no_slot = ~std::size_t{0};
 constexpr std::chrono::microseconds k_policy_period{1000};
-constexpr std::chrono::microseconds k_idle_period{4000};  // the longest sleep of an idle engine (Note [Idle engine])
 constexpr std::size_t k_digest_chunk = 512;         // regions' result words allocated at a time (Note [Write-back])
 constexpr std::uint8_t k_unchecked_evictions = 8;   // evictions copied without a check after two dirty ones
 std::uint64_t steady_ns() noexcept {  // the clock of residency_gate::take_wait_start (Note [Late prefetches])
@@ -423,7 +413,6 @@ struct residency_engine::impl {
   std::condition_variable wake_cv;
   bool stopping = false;
   bool woken = false;
-  std::atomic<bool> quiet{false};  // the last tick ended with no move in flight (Note [Idle engine])
   bool error_logged = false;
 
   [[nodiscard]] bool active() const noexcept { return options.without_tracker || gate::fed(); }
@@ -1528,18 +1517,9 @@ void residency_engine::start() {
     name_this_thread("layerswap-move");
     impl& e = *impl_;
     std::unique_lock lock(e.wake_mutex);
-    std::uint64_t launches = ~std::uint64_t{0};
-    unsigned idle_ticks = 0;
     while (!e.stopping) {
-      // While launches wait for a prefetch (Note [Waiting for a prefetch]), poll the moves far more often; while
-      // the engine is idle, less and less often (Note [Idle engine]).
-      const std::uint64_t now_launches = gate::counts().launches;
-      idle_ticks = e.quiet.load() && now_launches == launches ? idle_ticks + 1 : 0;
-      launches = now_launches;
-      auto period = gate::waiting() != 0 ? k_waited_period : e.options.period;
-      if (idle_ticks != 0 && period < k_idle_period) {
-        period = std::min<std::chrono::microseconds>(period * (1u << std::min(idle_ticks, 10u)), k_idle_period);
-      }
+      // While launches wait for a prefetch (Note [Waiting for a prefetch]), poll the moves far more often.
+      const auto period = gate::waiting() != 0 ? k_waited_period : e.options.period;
       e.wake_cv.wait_for(lock, period, [&] { return e.stopping || e.woken; });
       if (e.stopping) break;
       e.woken = false;
@@ -1637,7 +1617,6 @@ void residency_engine::tick() {
     m.st.policy_us += elapsed_us(now);
   }
   m.outside_lock(lock, std::exchange(m.starting, {}), &impl::start_deferred, &impl::end_start, failure);
-  m.quiet.store(m.moving.empty());
   if (failure) std::rethrow_exception(failure);
 }
 

@@ -1542,19 +1542,6 @@ TEST(Residency, APrefetchALaunchWaitedForIsCountedLate) {
   h.expect_clean();
 }
 
-// Note [Idle engine]: a migration thread with nothing in flight and no launch counted backs off to a sleep of 4 ms,
-// so that its rounds (one per 1 ms at most when it wakes every 200 us) come far less often.
-TEST(Residency, AnIdleEngineWakesLessOften) {
-  harness h(64 * MiB, true, /*thread=*/true);
-  void* a = h.written(4 * MiB, 0x31);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the backoff ramps up
-  const std::int64_t before = h.alloc.residency().policy_rounds;
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
-  const std::int64_t rounds = h.alloc.residency().policy_rounds - before;
-  EXPECT_LE(rounds, 200) << "an idle engine ran a round every " << 400.0 / static_cast<double>(std::max<std::int64_t>(rounds, 1)) << " ms";
-  h.alloc.deallocate(a);
-}
-
 // Note [Prefetches before evictions]: while a launch waits for a prefetch, a prefetch whose copy completes during a
 // tick's evictions is remapped before the next eviction, not after them all.
 TEST(Residency, APrefetchLandingDuringEvictionsIsRemappedFirstWhileALaunchWaits) {

@@ -1125,47 +1125,6 @@ struct residency_engine::impl {
     busy_cv.notify_all();
   }
 
-  // tick(): the remaps of the moves poll_moves() found finished, without the mutex, then their books with it
-  // (outside_lock). Note [Prefetches before evictions]: poll_moves puts prefetches first, but a tick's evictions
-  // may take a while (a host remap: 8-13 us per MiB), and a prefetch whose copy completes meanwhile would wait for
-  // them all, with a launch waiting for it. So while a launch waits (gate::waiting()), each eviction's remap is
-  // preceded by a poll of the prefetches (the mutex held briefly), whose finished ones are remapped first.
-  void remap_finished(std::unique_lock<std::mutex>& lock, std::vector<swap_region*>& finished,
-                      std::exception_ptr& failure) {
-    if (finished.empty()) return;
-    lock.unlock();
-    const auto remap = [&](swap_region& r) {
-      try {
-        remap_busy(r);
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-    };
-    const std::size_t polled = finished.size();
-    for (std::size_t i = 0; i < polled; ++i) {
-      swap_region* r = finished[i];
-      if (!r->mv->to_device && gate::waiting() != 0) {
-        const std::size_t before = finished.size();
-        lock.lock();
-        poll_prefetches(finished);
-        lock.unlock();
-        for (std::size_t k = before; k < finished.size(); ++k) remap(*finished[k]);
-      }
-      remap(*r);
-    }
-    lock.lock();
-    for (swap_region* r : finished) end_finish(*r);
-    busy_cv.notify_all();
-  }
-
-  // The prefetches whose copy has completed, made busy for their remap and appended to `out` (mutex held).
-  void poll_prefetches(std::vector<swap_region*>& out) {
-    poll_scratch = moving;  // begin_finish may end moves (cancelled)
-    for (swap_region* r : poll_scratch) {
-      if (r->mv->to_device && !r->busy && copy_done(*r) && begin_finish(*r)) out.push_back(r);
-    }
-  }
-
   // Waits (releasing the mutex, which the caller holds) until `r` is not being remapped outside the mutex.
   void wait_not_busy(swap_region& r) {
     if (!r.busy) return;
@@ -1581,8 +1540,8 @@ void residency_engine::tick() {
   // without the mutex, on regions marked busy.
   std::unique_lock lock(m.mutex);
   std::exception_ptr failure;
-  std::vector<swap_region*> finished = m.poll_moves();
-  m.remap_finished(lock, finished, failure);
+  const std::vector<swap_region*> finished = m.poll_moves();
+  m.outside_lock(lock, finished, &impl::remap_busy, &impl::end_finish, failure);
   // Note [Policy rounds]: the migration thread runs the policy when a move finished (pages and regions changed)
   // or launches wait for a prefetch, else at most every k_policy_period: a round holds the allocator mutex, and
   // the program's allocations wait meanwhile (a LoRA step allocates every ~25 us, so nearly every round makes

@@ -59,8 +59,6 @@ bool sim_holds(sim_driver& sim, void* p, std::size_t bytes, std::uint8_t v) {
 
 // Tests that need residency_options::refused_hook set it here (harness::make_options forwards to it).
 std::function<void(region_id)> g_refused_hook;
-// ... and residency_options::remap_hook (called as a remap begins, without the mutex).
-std::function<void(region_id)> g_remap_hook;
 
 struct harness {
   explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true,
@@ -92,9 +90,6 @@ struct harness {
     o.residency.thread = thread;
     o.residency.refused_hook = [](region_id id) {
       if (g_refused_hook) g_refused_hook(id);
-    };
-    o.residency.remap_hook = [](region_id id) {
-      if (g_remap_hook) g_remap_hook(id);
     };
     return o;
   }
@@ -1539,46 +1534,6 @@ TEST(Residency, APrefetchALaunchWaitedForIsCountedLate) {
   h.come_back(a);
   EXPECT_EQ(h.alloc.residency().late_prefetches, 1);
   for (void* p : {a, b}) h.alloc.deallocate(p);
-  h.expect_clean();
-}
-
-// Note [Prefetches before evictions]: while a launch waits for a prefetch, a prefetch whose copy completes during a
-// tick's evictions is remapped before the next eviction, not after them all.
-TEST(Residency, APrefetchLandingDuringEvictionsIsRemappedFirstWhileALaunchWaits) {
-  harness h(64 * MiB);
-  void* p = h.evicted(4 * MiB, 0x5a);
-  void* q = h.evicted(2 * MiB, 0x5c);  // the region a launch waits for (its prefetch stays "in flight")
-  void* e1 = h.written(4 * MiB, 0x11);
-  void* e2 = h.written(4 * MiB, 0x12);
-  const region_id qid = harness::id_of(q);
-  gate::set_incoming(qid, true);
-  std::thread waiter([&] {
-    gate::enter(qid);
-    gate::exit(qid, 1000);
-  });
-  while (gate::waiting() == 0) std::this_thread::yield();
-  ASSERT_TRUE(h.alloc.request_evict(e1));  // eager: both copies complete at once, the remaps wait for the tick
-  ASSERT_TRUE(h.alloc.request_evict(e2));
-  std::vector<region_id> order;
-  g_remap_hook = [&](region_id id) {
-    order.push_back(id);
-    if (order.size() == 1) {
-      EXPECT_TRUE(h.alloc.request_prefetch(p));  // its copy completes during the evictions
-    }
-  };
-  h.alloc.residency_tick();
-  g_remap_hook = nullptr;
-  gate::set_incoming(qid, false);
-  waiter.join();
-  ASSERT_EQ(order.size(), 3u) << "the prefetch that landed during the evictions waited for the next tick";
-  EXPECT_EQ(order[1], harness::id_of(p)) << "the prefetch was remapped after the second eviction";
-  EXPECT_EQ(h.alloc.residency_of(p), region_residency::device);
-  EXPECT_EQ(h.alloc.residency_of(e1), region_residency::host);
-  EXPECT_EQ(h.alloc.residency_of(e2), region_residency::host);
-  EXPECT_TRUE(h.holds(p, 4 * MiB, 0x5a));
-  EXPECT_TRUE(h.holds(e1, 4 * MiB, 0x11));
-  EXPECT_TRUE(h.holds(e2, 4 * MiB, 0x12));
-  for (void* x : {p, q, e1, e2}) h.alloc.deallocate(x);
   h.expect_clean();
 }
 

@@ -188,6 +188,7 @@
 #include "runtime/config.hpp"
 #include "runtime/digest.hpp"
 #include "runtime/error.hpp"
+#include "runtime/fast_clock.hpp"
 #include "runtime/log.hpp"
 #include "runtime/stats.hpp"
 #include "runtime/thread_name.hpp"
@@ -203,10 +204,6 @@ constexpr std::size_t k_no_slot = ~std::size_t{0};
 constexpr std::chrono::microseconds k_policy_period{1000};
 constexpr std::size_t k_digest_chunk = 512;         // regions' result words allocated at a time (Note [Write-back])
 constexpr std::uint8_t k_unchecked_evictions = 8;   // evictions copied without a check after two dirty ones
-std::uint64_t steady_ns() noexcept {  // the clock of residency_gate::take_wait_start (Note [Late prefetches])
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
-}
 }
 
 // A region's host backing: one host-located allocation, and a view of it (a VA of its own, mapped once) that
@@ -934,7 +931,7 @@ struct residency_engine::impl {
   // A started move becomes the region's.
   void begin(swap_region& r, std::unique_ptr<move> m, region_residency state) {
     m->started = ++moves_started;
-    if (state == region_residency::moving_in) m->begun_ns = steady_ns();
+    if (state == region_residency::moving_in) m->begun_ns = fast_clock::steady_ns();
     r.mv = std::move(m);
     r.state = state;
     r.moving_at = moving.size();
@@ -1011,7 +1008,7 @@ struct residency_engine::impl {
         gate::end_remap(r.id);
         if (r.mv->to_device) {
           gate::set_incoming(r.id, false);  // Note [Waiting for a prefetch]
-          r.mv->remapped_ns = steady_ns();  // Note [Late prefetches]
+          r.mv->remapped_ns = fast_clock::steady_ns();  // Note [Late prefetches]
           r.mv->waited_from_ns = gate::take_wait_start(r.id);
           e.release_hold(r, *r.mv);         // after the remap: Note [Holds]
         }
@@ -1161,7 +1158,9 @@ struct residency_engine::impl {
   // copy is enqueued then (Note [Write-back]), done already only on an eager simulated device.
   bool copy_done(swap_region& r) {
     if (!r.mv || !r.mv->done || !port.query(r.mv->done)) return false;
-    if (r.mv->to_device && r.mv->copy_seen_ns == 0) r.mv->copy_seen_ns = steady_ns();  // Note [Late prefetches]
+    if (r.mv->to_device && r.mv->copy_seen_ns == 0) {
+      r.mv->copy_seen_ns = fast_clock::steady_ns();  // Note [Late prefetches]
+    }
     return resolve_check(r) || (r.mv && port.query(r.mv->done));
   }
 

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <thread>
 
+#include "runtime/fast_clock.hpp"
 #include "runtime/stats.hpp"
 
 namespace layerswap::residency_gate {
@@ -81,8 +82,7 @@ void wait_incoming(entry& e, bool until_hold = false) noexcept {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   std::uint64_t none = 0;
-  e.wait_start.compare_exchange_strong(none, static_cast<std::uint64_t>(start.time_since_epoch().count()) | 1,
-                                       std::memory_order_relaxed);
+  e.wait_start.compare_exchange_strong(none, fast_clock::steady_ns() | 1, std::memory_order_relaxed);  // never 0
   g_waiting.fetch_add(1);
   {
     std::lock_guard lock(g_wake_mutex);

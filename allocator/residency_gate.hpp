@@ -126,7 +126,7 @@ void set_fed(bool fed) noexcept;
 void end_remap(region_id id) noexcept;
 // A prefetch of `id` is in flight (true from its start until it lands or is abandoned).
 void set_incoming(region_id id, bool incoming) noexcept;
-// When the first launch began waiting for the prefetch of `id` (std::chrono::steady_clock, ns since its epoch),
+// When the first launch began waiting for the prefetch of `id` (fast_clock::steady_ns()),
 // and forgets it; 0 when none waited since the prefetch started. The engine's late-prefetch statistics.
 [[nodiscard]] std::uint64_t take_wait_start(region_id id) noexcept;
 // The prefetch of `id` has enqueued its copy: launches may hold on `h` from now on (Note [Holding a launch on the

@@ -18,13 +18,13 @@ namespace detail {
 
 std::atomic<int> g_mode{unknown};
 
+}  // namespace detail
+
 std::uint64_t steady_ns() noexcept {
   return static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
           .count());
 }
-
-}  // namespace detail
 
 namespace {
 
@@ -90,7 +90,7 @@ std::uint64_t to_ns(std::uint64_t ticks) noexcept {
   std::uint64_t now_ticks = 0;
   std::uint64_t now_ns = 0;
   do {  // the first read within 10 ms of the origin waits for the rest
-    now_ns = detail::steady_ns();
+    now_ns = steady_ns();
     now_ticks = __rdtsc();
   } while (now_ns - g_origin_ns.load(std::memory_order_relaxed) < k_min_span_ns);
   const std::uint64_t span_ns = now_ns - g_origin_ns.load(std::memory_order_relaxed);

@@ -28,8 +28,11 @@ namespace detail {
 enum mode : int { unknown = 0, tsc = 1, steady = 2 };
 extern std::atomic<int> g_mode;
 int detect() noexcept;  // sets g_mode (once; concurrent callers agree) and returns it
-std::uint64_t steady_ns() noexcept;
 }  // namespace detail
+
+// The steady clock, in nanoseconds since its epoch: what ticks() reads where the TSC is not usable, and the one
+// reading of std::chrono::steady_clock as a number that the rest of layerswap uses.
+[[nodiscard]] std::uint64_t steady_ns() noexcept;
 
 // A timestamp in ticks (Note [Fast clock]). Any thread, no lock, no system call.
 inline std::uint64_t ticks() noexcept {
@@ -38,7 +41,7 @@ inline std::uint64_t ticks() noexcept {
 #if defined(__x86_64__)
   if (mode == detail::tsc) return __rdtsc();
 #endif
-  return detail::steady_ns();
+  return steady_ns();
 }
 
 // Nanoseconds in `ticks` ticks (a difference of two ticks(), or a sum of such differences).

@@ -83,6 +83,8 @@ struct residency_stats {
   std::uint64_t launch_wait_us = 0;    // ... the time they waited in all (the stall time of launches)
   std::uint64_t launch_wait_timeouts = 0;  // ... of which gave up and ran on the host copy
   std::uint64_t launch_holds = 0;      // launches held on the GPU for a prefetch instead (process-wide)
+  std::uint64_t launch_remap_waits = 0;     // launches that waited for a remap of a region they touch to end
+  std::uint64_t launch_remap_wait_us = 0;   // ... and the time they waited (process-wide)
   std::int64_t policy_rounds = 0;      // policy rounds run (Note [Policy rounds])
   std::int64_t policy_us = 0;          // ... and the time they held the allocator mutex
   std::int64_t maintain_us = 0;        // ... of which the allocator's housekeeping (fences, pending frees, retiring)

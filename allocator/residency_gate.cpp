@@ -70,6 +70,8 @@ alignas(64) std::atomic<std::uint32_t> g_waiting{0};
 std::atomic<std::uint64_t> g_waits{0};
 std::atomic<std::uint64_t> g_wait_ns{0};
 std::atomic<std::uint64_t> g_wait_timeouts{0};
+std::atomic<std::uint64_t> g_remap_waits{0};    // launches that found their region (or, unknown, any) remapping
+std::atomic<std::uint64_t> g_remap_wait_ns{0};  // ... and the time they spun for it
 std::atomic<std::uint64_t> g_holds{0};
 std::atomic<bool> g_holding{false};
 std::mutex g_wake_mutex;  // guards the pair below (set rarely; read once per wait, off the fast path)
@@ -130,8 +132,13 @@ bool enter(region_id id) noexcept {
   e->issuing.fetch_add(1);  // seq_cst: Note [Gate handshake]
   // An unknown launch waits for every remap in progress; a known one for its region's.
   std::atomic<std::uint32_t>& flag = e == &g_unknown ? g_remapping : e->remapping;
-  for (unsigned spins = 0; flag.load() != 0; ++spins) {
-    if (spins >= 64) std::this_thread::yield();
+  if (flag.load() != 0) {  // rare: timed, off the fast path
+    const std::uint64_t start = fast_clock::steady_ns();
+    for (unsigned spins = 0; flag.load() != 0; ++spins) {
+      if (spins >= 64) std::this_thread::yield();
+    }
+    g_remap_waits.fetch_add(1, std::memory_order_relaxed);
+    g_remap_wait_ns.fetch_add(fast_clock::steady_ns() - start, std::memory_order_relaxed);
   }
   return e->on_host.load(std::memory_order_relaxed) != 0;
 }
@@ -290,7 +297,8 @@ void clear_waiter_wake(void* context) noexcept {
 
 wait_counts waits() noexcept {
   return {g_waits.load(std::memory_order_relaxed), g_wait_ns.load(std::memory_order_relaxed),
-          g_wait_timeouts.load(std::memory_order_relaxed), g_holds.load(std::memory_order_relaxed)};
+          g_wait_timeouts.load(std::memory_order_relaxed), g_holds.load(std::memory_order_relaxed),
+          g_remap_waits.load(std::memory_order_relaxed), g_remap_wait_ns.load(std::memory_order_relaxed)};
 }
 
 void mark_large(region_id id) noexcept {

@@ -145,6 +145,9 @@ struct wait_counts {
   std::uint64_t ns = 0;     // total time they waited
   std::uint64_t timeouts = 0;  // ... of which gave up after k_incoming_wait_us
   std::uint64_t holds = 0;     // launches held on the GPU instead (Note [Holding a launch on the GPU])
+  std::uint64_t remap_waits = 0;  // launches that waited in enter() for a remap of their region (any region:
+                                  // unknown launches) to end
+  std::uint64_t remap_ns = 0;     // ... and the time they waited
 };
 [[nodiscard]] wait_counts waits() noexcept;
 

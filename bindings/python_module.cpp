@@ -16,6 +16,7 @@
 #include "profiler/learner.hpp"
 #include "bindings/torch_allocator.hpp"
 #include "profiler/tracker.hpp"
+#include "runtime/driver_calls.hpp"
 #include "runtime/error.hpp"
 
 namespace py = pybind11;
@@ -97,6 +98,8 @@ py::dict residency_dict(const residency_stats& r) {
   d["launch_wait_s"] = static_cast<double>(r.launch_wait_us) * 1e-6;
   d["launch_wait_timeouts"] = r.launch_wait_timeouts;
   d["launch_holds"] = r.launch_holds;
+  d["launch_remap_waits"] = r.launch_remap_waits;
+  d["launch_remap_wait_s"] = static_cast<double>(r.launch_remap_wait_us) * 1e-6;
   d["policy_rounds"] = r.policy_rounds;
   d["policy_s"] = static_cast<double>(r.policy_us) * 1e-6;
   d["maintain_s"] = static_cast<double>(r.maintain_us) * 1e-6;
@@ -198,6 +201,16 @@ PYBIND11_MODULE(_C, m) {
     for (caching_allocator* a : allocators()) {
       py::dict d = stats_dict(a->stats());
       d["residency"] = residency_dict(a->residency());
+      // The driver port's calls, process-wide, by caller: "engine" (the migration thread) or "program".
+      py::dict calls;
+      py::dict call_s;
+      driver_calls::for_each([&](const driver_calls::row& r) {
+        const std::string key = std::string(r.engine ? "engine." : "program.") + r.name;
+        calls[py::str(key)] = r.calls;
+        call_s[py::str(key)] = static_cast<double>(r.ns) * 1e-9;
+      });
+      d["driver_calls"] = calls;
+      d["driver_call_s"] = call_s;
       out.append(d);
     }
     return out;
@@ -264,6 +277,7 @@ PYBIND11_MODULE(_C, m) {
     d["nested_skipped"] = s.nested_skipped;
     d["launch_api_s"] = static_cast<double>(s.launch_api_ns) * 1e-9;
     d["launch_api_calls"] = s.launch_api_calls;
+    d["launch_driver_s"] = static_cast<double>(s.launch_driver_ns) * 1e-9;
     d["recent_dropped"] = s.recent_dropped;
     d["trace_written"] = s.trace_written;
     d["trace_skipped"] = s.trace_skipped;

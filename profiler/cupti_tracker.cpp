@@ -450,11 +450,21 @@ void enqueue_holds(const thread_scratch& t) noexcept {
 }
 
 // A kernel launch call has returned: the time since record_kernel stamped it (tracker_stats::launch_api_ns), which
-// covers the decoding, any wait in the residency gate, and the driver.
+// covers the decoding, any wait in the residency gate, and the driver; and the part since the entry callback
+// returned (launch_driver_ns): the driver's own work, CUPTI's dispatch of the exit callback, and any wait for a
+// lock inside the driver (the migration thread's VMM calls take the driver's locks too).
 void end_api_timing(tracker_core& core, thread_scratch& t) noexcept {
   if (t.api_start == 0) return;
-  core.add_launch_api_time(fast_clock::ticks() - t.api_start);
+  const std::uint64_t now = fast_clock::ticks();
+  const std::uint64_t entered = t.api_entered != 0 ? t.api_entered : now;
+  core.add_launch_api_time(now - t.api_start, now - entered);
   t.api_start = 0;
+  t.api_entered = 0;
+}
+
+// The entry callback of a kernel launch is done: what follows until the exit callback is the driver's.
+void mark_entered(thread_scratch& t) noexcept {
+  if (t.api_start != 0) t.api_entered = fast_clock::ticks();
 }
 
 // LAYERSWAP_TRACK=subscribe-only: CUPTI's own cost per launch, with the same callbacks enabled.
@@ -484,6 +494,7 @@ void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId c
     t.gate.open();
     on_runtime(*core, t, cbid, info);
     if (t.gate.hold_count() != 0) enqueue_holds(t);
+    mark_entered(t);
   } else if (domain == CUPTI_CB_DOMAIN_DRIVER_API) {
     if (t.nesting.driver_is_nested()) {
       if (info->callbackSite == CUPTI_API_ENTER) core->count_nested();
@@ -497,6 +508,7 @@ void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId c
     t.gate.open();
     on_driver(*core, t, cbid, info);
     if (t.gate.hold_count() != 0) enqueue_holds(t);
+    mark_entered(t);
   }
 }
 

@@ -164,6 +164,7 @@ tracker_stats tracker_core::stats() {
   s.nested_skipped = nested_.load(std::memory_order_relaxed);
   s.launch_api_ns = fast_clock::to_ns(launch_api_ticks_.load(std::memory_order_relaxed));
   s.launch_api_calls = launch_api_calls_.load(std::memory_order_relaxed);
+  s.launch_driver_ns = fast_clock::to_ns(launch_driver_ticks_.load(std::memory_order_relaxed));
   s.trace_written = trace_.written();
   s.trace_skipped = trace_.skipped();
   s.functions = layouts_.functions();

@@ -60,6 +60,8 @@ struct tracker_stats {
   std::uint64_t nested_skipped = 0;   // driver callbacks of runtime calls, not counted again
   std::uint64_t launch_api_ns = 0;    // time inside kernel launch calls (entry to exit callback), all threads
   std::uint64_t launch_api_calls = 0; // ... over this many launches
+  std::uint64_t launch_driver_ns = 0; // the part of launch_api_ns after the tracker's entry callback returned:
+                                      // the driver's own work, CUPTI's exit dispatch and any wait in the driver
   std::uint64_t recent_dropped = 0;   // launches pushed out of the recent buffer before drain()
   std::uint64_t trace_written = 0;
   std::uint64_t trace_skipped = 0;
@@ -91,9 +93,11 @@ class tracker_core {
               const region_set& regions) noexcept;
   void count_nested() noexcept { nested_.fetch_add(1, std::memory_order_relaxed); }
   // Time one kernel launch call took, from its API entry to its exit (the driver's own work and any wait in it),
-  // in fast-clock ticks (runtime/fast_clock.hpp; stats() converts).
-  void add_launch_api_time(std::uint64_t ticks) noexcept {
+  // and the part of it after the entry callback returned (`driver_ticks`), in fast-clock ticks
+  // (runtime/fast_clock.hpp; stats() converts).
+  void add_launch_api_time(std::uint64_t ticks, std::uint64_t driver_ticks) noexcept {
     launch_api_ticks_.fetch_add(ticks, std::memory_order_relaxed);
+    launch_driver_ticks_.fetch_add(driver_ticks, std::memory_order_relaxed);
     launch_api_calls_.fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -125,6 +129,7 @@ class tracker_core {
   std::atomic<std::uint64_t> nested_{0};
   std::atomic<std::uint64_t> launch_api_ticks_{0};
   std::atomic<std::uint64_t> launch_api_calls_{0};
+  std::atomic<std::uint64_t> launch_driver_ticks_{0};
   std::uint64_t origin_ns_ = 0;
   bool stamp_ = false;  // whether record() reads the clock (a trace is written)
 

@@ -18,6 +18,7 @@
 
 #include "runtime/cuda_driver.hpp"
 #include "runtime/digest.hpp"
+#include "runtime/driver_calls.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/error.hpp"
 
@@ -511,6 +512,33 @@ TEST(CudaDriver, PortsShareThePrimaryContext) {
   first.reset();  // drops one retain; the context stays for `second`
   EXPECT_EQ(difference(in, read_back(*second, r.va + 4096, in.size())), "");
   free_region(*second, r);
+}
+
+TEST(CudaDriver, MapsAndSetAccessAreCountedAndTimed) {
+  if (layerswap::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU: skipped";
+  auto port = make_cuda_driver(0);
+  const auto read = [](const char* name, std::uint64_t& calls, std::uint64_t& ns) {
+    calls = 0;
+    ns = 0;
+    driver_calls::for_each([&](const driver_calls::row& r) {
+      if (std::string(r.name) == name && !r.engine) {
+        calls = r.calls;
+        ns = r.ns;
+      }
+    });
+  };
+  std::uint64_t access0 = 0, access_ns0 = 0, map0 = 0, map_ns0 = 0;
+  read("set_access", access0, access_ns0);
+  read("map", map0, map_ns0);
+  const std::size_t bytes = 8 * port->granularity();
+  region r = make_region(*port, bytes, memory_location::host);  // map + set access of host-located pages
+  std::uint64_t access1 = 0, access_ns1 = 0, map1 = 0, map_ns1 = 0;
+  read("set_access", access1, access_ns1);
+  read("map", map1, map_ns1);
+  EXPECT_EQ(access1, access0 + 1);
+  EXPECT_EQ(map1, map0 + 1);
+  EXPECT_GT(access_ns1, access_ns0);  // granting access to host pages takes microseconds, never zero
+  free_region(*port, r);
 }
 
 }  // namespace

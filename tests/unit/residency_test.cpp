@@ -57,6 +57,20 @@ bool sim_holds(sim_driver& sim, void* p, std::size_t bytes, std::uint8_t v) {
   return std::all_of(buf.begin(), buf.end(), [&](std::byte b) { return b == std::byte{v}; });
 }
 
+// A fixed forecast that counts how often the migration thread fetched it.
+class counting_forecast final : public forecast_source {
+ public:
+  explicit counting_forecast(fixed_forecast& inner) : inner_(inner) {}
+  void current(forecast& out, std::size_t max_regions) override {
+    fetches.fetch_add(1);
+    inner_.current(out, max_regions);
+  }
+  std::atomic<std::int64_t> fetches{0};
+
+ private:
+  fixed_forecast& inner_;
+};
+
 // Tests that need residency_options::refused_hook set it here (harness::make_options forwards to it).
 std::function<void(region_id)> g_refused_hook;
 
@@ -1645,6 +1659,24 @@ TEST(ResidencyGate, WaitForAPrefetchIsBounded) {
   EXPECT_EQ(residency_gate::waits().timeouts, before.timeouts + 1);
   residency_gate::set_incoming(id, false);
   residency_gate::set_on_host(id, false);
+}
+
+// Note [Forecast when due]: the migration thread ticks every 200 us but runs the policy at most every 1 ms when
+// nothing finishes and no launch waits; it fetches the forecast only for a round, not at every tick.
+TEST(Residency, TheMigrationThreadFetchesTheForecastOnlyForAPolicyRound) {
+  fixed_forecast inner;  // outlive the allocator (and its migration thread)
+  counting_forecast f(inner);
+  harness h(64 * MiB, true, /*thread=*/true);
+  void* a = h.written(8 * MiB, 1);
+  inner.set({h.id_of(a)});
+  h.alloc.set_forecast_source(&f);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  h.alloc.set_forecast_source(nullptr);
+  const std::int64_t rounds = h.alloc.residency().policy_rounds;
+  const std::int64_t fetches = f.fetches.load();
+  EXPECT_GE(rounds, 5) << "the migration thread ran too few rounds to tell";
+  EXPECT_LE(fetches, rounds + 1) << "fetched " << fetches << " times for " << rounds << " rounds";
+  h.alloc.deallocate(a);
 }
 
 }  // namespace

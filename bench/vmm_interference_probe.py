@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Do the residency engine's VMM calls slow the threads that launch kernels? Trains a swap.py case resident (no
+layerswap) and times its steps alone and beside a native thread (bench/vmm_load.cpp, built here with g++) that maps,
+grants access to and unmaps an allocation at a VA no kernel uses, busy --duty of the time: "host" maps host-located
+memory (an eviction's remap, the dear kind), "device" device memory (a prefetch's); or that queries a completed event
+("query": a move's polling) or records one on a stream of its own ("record": a fence). Nothing moves and no kernel
+reads that memory, so a slower step or more CPU in the launching threads is what the driver's shared state costs
+them. The
+load thread is named layerswap-move, so --pin-threads (the default) puts it on the core the engine's thread gets.
+Prints, per row, the median step, the issue time and the launching threads' CPU per step with ratios to the mean of
+the "off" rows; --out writes JSON.
+
+    python3 bench/vmm_interference_probe.py --case llama-lora --out probe.json"""
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import swap_models as sm  # noqa: E402
+
+
+# The load thread's modes (vmm_load.cpp, run()): remaps of device or host memory, event queries, event records.
+LOAD_MODES = {"device": 0, "host": 1, "query": 2, "record": 3}
+
+
+def build_load(out_dir):
+    """Compiles vmm_load.cpp; returns the loaded library."""
+    cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    lib = Path(out_dir) / "libvmm_load.so"
+    cmd = ["g++", "-O2", "-std=c++20", "-shared", "-fPIC", str(HERE / "vmm_load.cpp"), f"-I{cuda}/include",
+           f"-L{cuda}/lib64", f"-L{cuda}/lib64/stubs", "-lcuda", "-lpthread", "-o", str(lib)]
+    subprocess.run(cmd, check=True)
+    so = ctypes.CDLL(str(lib))
+    so.vmm_load_start.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_double]
+    so.vmm_load_stop.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_double)]
+    return so
+
+
+def launching_cpu(rec):
+    """CPU seconds per step of the threads that launch: the Python thread (and its siblings) and autograd's."""
+    t = rec.get("threads_per_step") or {}
+    return sum(v["cpu_s"] for k, v in t.items() if k in ("python3", "python", "pt_autograd_0"))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", default="llama-lora", choices=["llama-lora", "llama-full", "unet"])
+    ap.add_argument("--steps", type=int, default=12, help="steps per row (default 12)")
+    ap.add_argument("--warmup", type=int, default=3, help="of which untimed (default 3)")
+    ap.add_argument("--mib", type=int, default=24, help="bytes mapped per round, MiB (default 24: a layer's matrix)")
+    ap.add_argument("--duty", type=float, default=0.6,
+                    help="share of the time the load thread is in VMM calls (default 0.6: the engine's at LoRA 25%%)")
+    ap.add_argument("--modes", default="off,host,off,device,off,host,off")
+    ap.add_argument("--no-pin", action="store_true", help="leave the threads where the scheduler puts them")
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    for m in a.modes.split(","):
+        if m not in ("off", *LOAD_MODES):
+            raise SystemExit(f"--modes: {m!r} is not one of off, {', '.join(LOAD_MODES)}")
+    if not 0 < a.duty <= 1:
+        raise SystemExit(f"--duty {a.duty}: give a share in (0, 1]")
+    with tempfile.TemporaryDirectory() as tmp:
+        so = build_load(tmp)
+        sm.make_deterministic(0)
+        cfg = sm.RunConfig(case=a.case, steps=a.steps, warmup=a.warmup, pin_threads=not a.no_pin)
+        built = sm.build_case(cfg)
+        torch.cuda.synchronize()
+        rows = []
+        for mode in a.modes.split(","):
+            if mode != "off" and so.vmm_load_start(LOAD_MODES[mode], a.mib, a.duty) != 0:
+                raise SystemExit("the load thread was already running")
+            rec = sm.train(built, cfg, log=lambda *_: None)
+            row = {"mode": mode, "median_step_s": rec["median_step_s"], "median_issue_s": rec["median_issue_s"],
+                   "launching_cpu_s": launching_cpu(rec), "threads_per_step": rec.get("threads_per_step")}
+            if mode != "off":
+                rounds, busy = ctypes.c_ulonglong(), ctypes.c_double()
+                err = so.vmm_load_stop(ctypes.byref(rounds), ctypes.byref(busy))
+                if err != 0:
+                    raise SystemExit(f"the load thread failed (error {err}, see vmm_load.cpp)")
+                row["load_rounds"] = rounds.value
+                row["load_busy_s"] = busy.value
+                if mode in ("device", "host"):
+                    row["load_us_per_mib"] = busy.value * 1e6 / max(1, rounds.value) / a.mib
+                else:
+                    row["load_us_per_call"] = busy.value * 1e6 / max(1, rounds.value)
+            rows.append(row)
+            print(f"{a.case} {mode:6s} step {row['median_step_s']:.4f} s  issue {row['median_issue_s']:.4f} s  "
+                  f"launching CPU {row['launching_cpu_s']:.4f} s/step"
+                  + (f"  load {row['load_busy_s']:.2f} s busy, {row['load_rounds']} rounds" if mode != "off" else ""),
+                  flush=True)
+    off = [r for r in rows if r["mode"] == "off"]
+    summary = {}
+    if off:
+        base = {k: statistics.mean(r[k] for r in off) for k in ("median_step_s", "median_issue_s", "launching_cpu_s")}
+        for mode in LOAD_MODES:
+            got = [r for r in rows if r["mode"] == mode]
+            if got:
+                summary[mode] = {k: {"value": statistics.mean(r[k] for r in got), "off": base[k],
+                                     "ratio": statistics.mean(r[k] for r in got) / base[k]} for k in base}
+                print(f"{mode:6s} vs off: " + ", ".join(f"{k} {v['value']:.4f} / {v['off']:.4f} = {v['ratio']:.3f}x"
+                                                       for k, v in summary[mode].items()), flush=True)
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump({"device": torch.cuda.get_device_name(), "case": a.case, "mib": a.mib, "duty": a.duty,
+                       "rows": rows, "summary": summary}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -116,12 +116,24 @@
 //   (note_cache_miss_locked), up to half of budget - reserve for transients, so that prefetching keeps at least
 //   half its room; it never shrinks. A size fixes it (at most the whole capacity); none is the former behaviour.
 //
+// Note [Digest carried over]
+//   A prefetch digests what it brought in (Note [Write-back]) so that the next eviction can tell a clean region.
+//   When the region's digest is known and no launch touched it since its eviction (its gate sequence still equals
+//   the one its eviction recorded, read at the prefetch's snapshot), its host copy is the one that digest
+//   describes: the eviction either found the device copy equal to it (clean: the host copy stayed) or copied and
+//   made it unknown; and only a launch on the host mapping could have written the host copy since. So the prefetch
+//   enqueues no digest and the region keeps its digest (residency_stats::digests_carried): frozen LoRA weights,
+//   evicted and brought back every step, cost a digest kernel per eviction instead of two. A launch that touched
+//   the region on the host (the sequence moved) gets a digest as before; one during the copy abandons the move.
+//
 // Note [Unfenced prefetch]
 //   An eviction's copy and remap complete only after every launch enqueued before it that touched the region
 //   (its fences), and the remap happens under the gate. If the region's gate sequence has not moved since (no
 //   launch touched it on the host), nothing pending on any stream touches it, and its host copy is final: the
 //   prefetch copies at once, without fences, so it is not queued behind the program's work. The remap still
-//   checks the sequence, so a launch that arrives during the copy abandons the move as usual.
+//   checks the sequence, so a launch that arrives during the copy abandons the move as usual. The sequence is read
+//   at the copy's snapshot (start_copy), not when the policy began the move: a launch issued between the two
+//   (before the prefetch began, so it did not wait for it) is in the snapshot, and its work may still be queued.
 //
 // Note [Allocation under pressure]
 //   When a request does not fit in the budget, the allocator reclaims its cache first, then calls
@@ -230,6 +242,8 @@ struct move {
   bool sync = false;                 // a synchronous eviction (stall)
   bool checking = false;             // eviction: only a digest is enqueued so far (Note [Write-back])
   bool digested = false;             // prefetch: a digest of the copy is enqueued, the region's at the remap
+  bool may_carry = false;            // prefetch: the region's digest is known; start_copy decides whether it holds
+  bool carried = false;              // prefetch: it does, no digest is enqueued (Note [Digest carried over])
   bool clean = false;                // eviction: the check proved the host copy current (no copy)
   std::uint64_t* words = nullptr;    // the region's digest result words (taken with the mutex held)
   std::uint32_t ticket = 0;          // prefetch: the hold published (0: none; Note [Holds])
@@ -764,8 +778,22 @@ struct residency_engine::impl {
   // none: nothing pending on any stream touches r (Note [Unfenced prefetch]). Events come from the caller's pool
   // (take_event, mutex held) or are created (tick(), without the mutex).
   void start_copy(swap_region& r, move& m, stream_handle copy_stream) {
-    m.snapshot = gate::sequence(r.id);
-    if (m.to_device) m.snapshot -= std::min(m.snapshot, gate::held_sequence(r.id));  // Note [Held counters]
+    const std::uint64_t sequence = gate::sequence(r.id);
+    m.snapshot = sequence;
+    if (m.to_device) {
+      m.snapshot -= std::min(m.snapshot, gate::held_sequence(r.id));  // Note [Held counters]
+      // Notes [Unfenced prefetch] and [Digest carried over]: decided here, at the snapshot, not when the policy
+      // began the move: a launch that touched r on the host in between (issued before the prefetch began, so it
+      // did not wait for it) may still run, and may have written the host copy.
+      const bool untouched = sequence == r.evicted_seq;
+      if (untouched) m.fence_streams.clear();
+      m.carried = m.may_carry && untouched;
+      if (m.carried) {
+        m.digested = false;
+      } else if (m.digested) {
+        m.words[0] = m.words[1] = 0;  // what the region gets if the digest never runs: the next check poisons it
+      }
+    }
     for (stream_handle s : m.fence_streams) {
       event_handle e = m.spare_fences.empty() ? port.create_event() : pop(m.spare_fences);
       m.fences.push_back(e);
@@ -880,10 +908,10 @@ struct residency_engine::impl {
     m->digested = ensure_digest_slot(r);  // Note [Write-back]
     if (m->digested) {
       m->words = digest_words(r);
-      m->words[0] = m->words[1] = 0;  // what the region gets if the digest never runs: the next check poisons it
+      m->may_carry = r.digest_known;  // Note [Digest carried over]: start_copy decides, at its snapshot
     }
-    // Note [Unfenced prefetch]: untouched since its eviction, r has no pending work on any stream.
-    if (gate::sequence(r.id) != r.evicted_seq) m->fence_streams = streams;
+    // Note [Unfenced prefetch]: start_copy leaves the fences out when r is untouched since its eviction.
+    m->fence_streams = streams;
     reserve_events(*m);
     begin(r, std::move(m), region_residency::moving_in);
     if (defer) {
@@ -1048,8 +1076,11 @@ struct residency_engine::impl {
       r.state = region_residency::device;
       st.bytes_h2d += static_cast<std::int64_t>(r.bytes);
       ++st.prefetches;
-      r.digest_known = m.digested;  // Note [Write-back]: the digest of what came in, which the host copy holds
+      // Note [Write-back]: the digest of what came in, which the host copy holds; carried over, the one it had
+      // (Note [Digest carried over]).
+      r.digest_known = m.digested || m.carried;
       if (m.digested) r.digest = {m.words[0], m.words[1]};
+      if (m.carried) ++st.digests_carried;
       if (m.waited_from_ns != 0) count_late(r, m);
     } else {
       add_spare(r.bytes, std::exchange(r.chunk, {}));

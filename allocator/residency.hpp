@@ -71,6 +71,7 @@ struct residency_stats {
   std::int64_t cancelled = 0;          // moves cancelled because the region was freed
   std::int64_t stall_evictions = 0;    // synchronous evictions on the allocation path (host waits)
   std::int64_t writeback_skipped = 0;  // evictions that skipped the copy: the region was clean (Note [Write-back])
+  std::int64_t digests_carried = 0;    // prefetches that kept the region's digest (Note [Digest carried over])
   std::int64_t writeback_checked = 0;  // evictions that digested the region to find out (clean or not)
   std::int64_t host_bytes = 0;         // host-located bytes in existence (backing + pooled)
   std::int64_t regions_swappable = 0;  // live large regions known to the engine

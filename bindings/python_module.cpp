@@ -86,6 +86,7 @@ py::dict residency_dict(const residency_stats& r) {
   d["cancelled"] = r.cancelled;
   d["stall_evictions"] = r.stall_evictions;
   d["writeback_skipped"] = r.writeback_skipped;
+  d["digests_carried"] = r.digests_carried;
   d["writeback_checked"] = r.writeback_checked;
   d["host_bytes"] = r.host_bytes;
   d["regions_swappable"] = r.regions_swappable;

@@ -350,6 +350,55 @@ TEST(Residency, CleanEvictionSkipsTheCopy) {
   h.expect_clean();
 }
 
+// Note [Digest carried over]: a prefetch of a region untouched since a clean eviction enqueues no digest and keeps
+// the region's; the next eviction still finds it clean, and a change on the device still makes it dirty.
+TEST(Residency, APrefetchAfterACleanEvictionKeepsTheDigest) {
+  harness h(64 * MiB);
+  void* a = h.evicted(6 * MiB, 0x5a);
+  h.come_back(a);  // digested: the first known digest
+  h.go_out(a);     // clean
+  const std::size_t digests = h.sim.num_digests();
+  h.come_back(a);  // carried over: no digest
+  EXPECT_EQ(h.sim.num_digests(), digests);
+  EXPECT_EQ(h.alloc.residency().digests_carried, 1);
+  EXPECT_TRUE(h.holds(a, 6 * MiB, 0x5a));
+  h.go_out(a);  // the check against the carried digest: clean, no copy
+  residency_stats st = h.alloc.residency();
+  EXPECT_EQ(st.writeback_skipped, 2);
+  EXPECT_EQ(st.bytes_d2h, static_cast<std::int64_t>(6 * MiB));
+  h.come_back(a);
+  h.write(h.s1, a, 2 * MiB, 0x33);
+  h.go_out(a);  // dirty against the carried digest: copied
+  EXPECT_EQ(h.alloc.residency().bytes_d2h, static_cast<std::int64_t>(12 * MiB));
+  h.come_back(a);
+  EXPECT_TRUE(h.holds(a, 2 * MiB, 0x33));
+  EXPECT_TRUE(h.holds(static_cast<char*>(a) + 2 * MiB, 4 * MiB, 0x5a));
+  h.alloc.deallocate(a);
+  h.expect_clean();
+}
+
+// ... but not after a launch wrote the region through its host mapping (a missed access): the host copy is no
+// longer what the digest describes. Were the digest kept, writing the old content back on the device would look
+// clean at the next eviction and the host copy would keep the missed write: the content read last would be wrong.
+TEST(Residency, APrefetchAfterAWriteOnTheHostDigestsAgain) {
+  harness h(64 * MiB);
+  void* a = h.evicted(6 * MiB, 0x5a);
+  h.come_back(a);
+  h.go_out(a);                               // clean; the digest describes 0x5a
+  h.write(h.s1, a, 6 * MiB, 0x33);           // on the host: a missed access writes the host copy
+  const std::size_t digests = h.sim.num_digests();
+  h.come_back(a);
+  EXPECT_EQ(h.sim.num_digests(), digests + 1) << "the prefetch kept a digest the host copy no longer matches";
+  EXPECT_EQ(h.alloc.residency().digests_carried, 0);
+  EXPECT_TRUE(h.holds(a, 6 * MiB, 0x33));
+  h.write(h.s1, a, 6 * MiB, 0x5a);           // back to the content of the old digest, on the device
+  h.go_out(a);                               // must copy: the host copy holds 0x33
+  h.come_back(a);
+  EXPECT_TRUE(h.holds(a, 6 * MiB, 0x5a));
+  h.alloc.deallocate(a);
+  h.expect_clean();
+}
+
 TEST(Residency, DirtyEvictionCopiesTheNewContent) {
   harness h(64 * MiB);
   void* a = h.evicted(6 * MiB, 0x5a);

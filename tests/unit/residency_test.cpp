@@ -153,6 +153,13 @@ struct harness {
     go_out(a);
     return a;
   }
+  // ... brought back (digested) and evicted again, clean: on the host with its digest known (Note [Write-back]).
+  void* evicted_clean(std::size_t bytes, std::uint8_t v) {
+    void* a = evicted(bytes, v);
+    come_back(a);
+    go_out(a);
+    return a;
+  }
   // ... then with its prefetch started (not yet remapped).
   void* prefetching(std::size_t bytes, std::uint8_t v) {
     void* a = evicted(bytes, v);
@@ -354,9 +361,7 @@ TEST(Residency, CleanEvictionSkipsTheCopy) {
 // the region's; the next eviction still finds it clean, and a change on the device still makes it dirty.
 TEST(Residency, APrefetchAfterACleanEvictionKeepsTheDigest) {
   harness h(64 * MiB);
-  void* a = h.evicted(6 * MiB, 0x5a);
-  h.come_back(a);  // digested: the first known digest
-  h.go_out(a);     // clean
+  void* a = h.evicted_clean(6 * MiB, 0x5a);
   const std::size_t digests = h.sim.num_digests();
   h.come_back(a);  // carried over: no digest
   EXPECT_EQ(h.sim.num_digests(), digests);
@@ -382,9 +387,7 @@ TEST(Residency, APrefetchAfterACleanEvictionKeepsTheDigest) {
 // clean at the next eviction and the host copy would keep the missed write: the content read last would be wrong.
 TEST(Residency, APrefetchAfterAWriteOnTheHostDigestsAgain) {
   harness h(64 * MiB);
-  void* a = h.evicted(6 * MiB, 0x5a);
-  h.come_back(a);
-  h.go_out(a);                               // clean; the digest describes 0x5a
+  void* a = h.evicted_clean(6 * MiB, 0x5a);  // the digest describes 0x5a
   h.write(h.s1, a, 6 * MiB, 0x33);           // on the host: a missed access writes the host copy
   const std::size_t digests = h.sim.num_digests();
   h.come_back(a);

@@ -242,8 +242,7 @@ struct move {
   bool sync = false;                 // a synchronous eviction (stall)
   bool checking = false;             // eviction: only a digest is enqueued so far (Note [Write-back])
   bool digested = false;             // prefetch: a digest of the copy is enqueued, the region's at the remap
-  bool may_carry = false;            // prefetch: the region's digest is known; start_copy decides whether it holds
-  bool carried = false;              // prefetch: it does, no digest is enqueued (Note [Digest carried over])
+  bool carried = false;              // prefetch: the region keeps its digest (Note [Digest carried over])
   bool clean = false;                // eviction: the check proved the host copy current (no copy)
   std::uint64_t* words = nullptr;    // the region's digest result words (taken with the mutex held)
   std::uint32_t ticket = 0;          // prefetch: the hold published (0: none; Note [Holds])
@@ -787,7 +786,7 @@ struct residency_engine::impl {
       // did not wait for it) may still run, and may have written the host copy.
       const bool untouched = sequence == r.evicted_seq;
       if (untouched) m.fence_streams.clear();
-      m.carried = m.may_carry && untouched;
+      m.carried = m.digested && r.digest_known && untouched;  // m.digested: the region has result words
       if (m.carried) {
         m.digested = false;
       } else if (m.digested) {
@@ -906,10 +905,7 @@ struct residency_engine::impl {
     m->to_device = true;
     if (!take_chunk(r, *m)) return false;
     m->digested = ensure_digest_slot(r);  // Note [Write-back]
-    if (m->digested) {
-      m->words = digest_words(r);
-      m->may_carry = r.digest_known;  // Note [Digest carried over]: start_copy decides, at its snapshot
-    }
+    if (m->digested) m->words = digest_words(r);  // whether a digest runs: start_copy (Note [Digest carried over])
     // Note [Unfenced prefetch]: start_copy leaves the fences out when r is untouched since its eviction.
     m->fence_streams = streams;
     reserve_events(*m);

@@ -1135,6 +1135,7 @@ bool caching_allocator::deallocate(void* ptr) noexcept {
     else requested = seg->requested, seg->live = false;
     if (seg && seg->swap) m.engine->set_live_locked(seg->swap, false);
     if (seg) residency_gate::note_freed(seg->region);  // no longer persistent (residency_gate.hpp)
+    if (seg) residency_gate::nudge();  // its room may be what a prefetch waits for (residency.cpp, Note [Idle engine])
   }
   if (!seg) {
     ++m.st.num_foreign_frees;

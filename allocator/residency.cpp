@@ -16,8 +16,9 @@
 // the data (DESIGN.md invariant 3) and no write is lost (invariant 4).
 //
 // The migration thread wakes every `period` (200 µs): it completes the moves whose copy event has completed
-// (query only: no host wait) and runs the policy (Note [Policy]). The allocation path evicts synchronously
-// when a request does not fit (Note [Allocation under pressure]).
+// (query only: no host wait) and runs the policy (Note [Policy]); an idle one sleeps until the program acts (Note
+// [Idle engine]). The allocation path evicts synchronously when a request does not fit (Note [Allocation under
+// pressure]).
 //
 // Note [Shadow copies]
 //   A move copies the region into its destination through a VA of the destination's own: an eviction into the
@@ -174,6 +175,19 @@
 //   a region is idle: it moves nothing, not even under pressure (the allocator raises OOM as before). Tests that
 //   play the tracker set residency_options::without_tracker.
 //
+// Note [Idle engine]
+//   A process that stops launching (between steps, waiting for data, evaluating on the CPU, or a side of an
+//   interleaved benchmark waiting for its turn) would go on waking its migration thread 5,000 times a second and
+//   running a policy round every millisecond, for nothing, on a core the program or another process may need. So
+//   after k_idle_ticks ticks in a row that ended with no move in flight, with no launch counted
+//   (residency_gate::count_launch) and none waiting, the thread marks itself asleep in the gate and sleeps
+//   options.idle_period (20 ms) instead of `period`. The next counted launch, a launch that waits for a prefetch,
+//   or a free (residency_gate::nudge, from the allocator) wakes it at once, so a step that resumes finds it
+//   polling again; a free matters because the room it leaves may be what a prefetch waits for. The mark and the
+//   count are a Dekker pair (seq_cst): the engine marks itself, then reads the count; a launch counts, then reads
+//   the mark. Either the engine sees the new count and stays awake, or the launch sees the mark and wakes it.
+//   Counted in residency_stats::idle_sleeps.
+//
 // Note [Late prefetches]
 //   Statistics of the prefetches a launch waited for (residency_stats::late_*), to tell why they were late: the
 //   gate stamps when the first launch began waiting (take_wait_start), the move when it was begun, when
@@ -215,6 +229,7 @@ constexpr std::uint64_t k_far = std::numeric_limits<std::uint64_t>::max();
 constexpr std::chrono::microseconds k_waited_period{20};
 constexpr std::size_t k_no_slot = ~std::size_t{0};
 constexpr std::chrono::microseconds k_policy_period{1000};
+constexpr unsigned k_idle_ticks = 16;  // idle ticks in a row before the engine sleeps long (Note [Idle engine])
 constexpr std::size_t k_digest_chunk = 512;         // regions' result words allocated at a time (Note [Write-back])
 constexpr std::uint8_t k_unchecked_evictions = 8;   // evictions copied without a check after two dirty ones
 }
@@ -425,6 +440,8 @@ struct residency_engine::impl {
   bool stopping = false;
   bool woken = false;
   bool error_logged = false;
+  std::atomic<bool> quiet{false};           // the last tick ended with no move in flight (Note [Idle engine])
+  std::atomic<std::int64_t> idle_sleeps{0};  // residency_stats::idle_sleeps, written by the migration thread
 
   [[nodiscard]] bool active() const noexcept { return options.without_tracker || gate::fed(); }
 
@@ -1504,10 +1521,25 @@ void residency_engine::start() {
     driver_calls::set_engine_thread();  // its driver calls are counted apart (runtime/driver_calls.hpp)
     impl& e = *impl_;
     std::unique_lock lock(e.wake_mutex);
+    std::uint64_t launches = gate::counts().launches;
+    unsigned idle_ticks = 0;
     while (!e.stopping) {
-      // While launches wait for a prefetch (Note [Waiting for a prefetch]), poll the moves far more often.
-      const auto period = gate::waiting() != 0 ? k_waited_period : e.options.period;
+      // While launches wait for a prefetch (Note [Waiting for a prefetch]), poll the moves far more often; while
+      // nothing happens, sleep until something does (Note [Idle engine]).
+      auto period = gate::waiting() != 0 ? k_waited_period : e.options.period;
+      bool asleep = false;
+      if (idle_ticks >= k_idle_ticks && e.options.idle_period > period) {
+        gate::set_engine_asleep(true);
+        if (gate::counts().launches == launches && gate::waiting() == 0) {
+          period = e.options.idle_period;
+          asleep = true;
+          ++e.idle_sleeps;
+        } else {
+          gate::set_engine_asleep(false);
+        }
+      }
       e.wake_cv.wait_for(lock, period, [&] { return e.stopping || e.woken; });
+      if (asleep) gate::set_engine_asleep(false);
       if (e.stopping) break;
       e.woken = false;
       lock.unlock();
@@ -1519,6 +1551,10 @@ void residency_engine::start() {
           LAYERSWAP_LOG(warn, "residency engine: %s (further errors are not logged)", ex.what());
         }
       }
+      const std::uint64_t now_launches = gate::counts().launches;
+      const bool idle = e.quiet.load(std::memory_order_relaxed) && now_launches == launches && gate::waiting() == 0;
+      idle_ticks = idle ? idle_ticks + 1 : 0;
+      launches = now_launches;
       lock.lock();
     }
   });
@@ -1621,6 +1657,7 @@ void residency_engine::tick() {
     m.st.policy_us += elapsed_us(now);
   }
   m.outside_lock(lock, std::exchange(m.starting, {}), &impl::start_deferred, &impl::end_start, failure);
+  m.quiet.store(m.moving.empty() && !failure, std::memory_order_relaxed);  // Note [Idle engine]
   if (failure) std::rethrow_exception(failure);
 }
 
@@ -1827,6 +1864,7 @@ residency_stats residency_engine::stats_locked() const {
   s.launch_holds = waits.holds;
   s.launch_remap_waits = waits.remap_waits;
   s.launch_remap_wait_us = waits.remap_ns / 1000;
+  s.idle_sleeps = m.idle_sleeps.load(std::memory_order_relaxed);
   s.remap_us = m.remap_ns.load(std::memory_order_relaxed) / 1000;
   s.stage_us = m.stage_ns.load(std::memory_order_relaxed) / 1000;
   s.remap_in_us = m.remap_in_ns.load(std::memory_order_relaxed) / 1000;

@@ -54,6 +54,8 @@ struct residency_options {
   bool cache_reserve_auto = false;
   std::size_t cache_reserve = 0;
   std::chrono::microseconds period{200};            // migration thread period
+  // How long an idle migration thread sleeps (residency.cpp, Note [Idle engine]); at most `period`: never idle.
+  std::chrono::microseconds idle_period{20000};
   // Tests: called inside every remap (between try_begin_remap and end_remap); the allocator mutex is held when
   // the remap is made by settling or a synchronous eviction, not when the migration thread's tick() makes it.
   std::function<void(region_id)> remap_hook;
@@ -87,6 +89,7 @@ struct residency_stats {
   std::uint64_t launch_remap_waits = 0;     // launches that waited for a remap of a region they touch to end
   std::uint64_t launch_remap_wait_us = 0;   // ... and the time they waited (process-wide)
   std::int64_t policy_rounds = 0;      // policy rounds run (Note [Policy rounds])
+  std::int64_t idle_sleeps = 0;        // long sleeps of an idle migration thread (Note [Idle engine])
   std::int64_t policy_us = 0;          // ... and the time they held the allocator mutex
   std::int64_t maintain_us = 0;        // ... of which the allocator's housekeeping (fences, pending frees, retiring)
   std::int64_t room_us = 0;            // ... of which finding prefetches a chunk (spares released, cache reclaimed)

@@ -66,6 +66,7 @@ std::atomic<bool> g_counting{false};
 std::atomic<std::uint64_t> g_internal[k_max_internal_streams];  // 0 = free slot
 alignas(64) std::atomic<std::uint64_t> g_counted{0};
 std::atomic<std::uint64_t> g_missed{0};
+std::atomic<bool> g_asleep{false};  // on the counted launches' line: a launch reads it where it writes (Note [Idle engine])
 alignas(64) std::atomic<std::uint32_t> g_waiting{0};
 std::atomic<std::uint64_t> g_waits{0};
 std::atomic<std::uint64_t> g_wait_ns{0};
@@ -288,6 +289,14 @@ void set_waiter_wake(void (*wake)(void*), void* context) noexcept {
   g_wake_context = context;
 }
 
+void set_engine_asleep(bool asleep) noexcept { g_asleep.store(asleep); }
+
+void nudge() noexcept {
+  if (!g_asleep.load(std::memory_order_relaxed) || !g_asleep.exchange(false)) return;
+  std::lock_guard lock(g_wake_mutex);
+  if (g_wake) g_wake(g_wake_context);
+}
+
 void clear_waiter_wake(void* context) noexcept {
   std::lock_guard lock(g_wake_mutex);
   if (g_wake_context != context) return;
@@ -353,12 +362,13 @@ void set_counting(bool counting) noexcept { g_counting.store(counting, std::memo
 bool counting() noexcept { return g_counting.load(std::memory_order_relaxed); }
 
 void count_launch(bool missed) noexcept {
-  g_counted.fetch_add(1, std::memory_order_relaxed);
+  g_counted.fetch_add(1);  // seq_cst, against set_engine_asleep's store (Note [Idle engine])
   if (missed) g_missed.fetch_add(1, std::memory_order_relaxed);
+  if (g_asleep.load()) nudge();
 }
 
 launch_counts counts() noexcept {
-  return {g_counted.load(std::memory_order_relaxed), g_missed.load(std::memory_order_relaxed)};
+  return {g_counted.load(), g_missed.load(std::memory_order_relaxed)};  // seq_cst: Note [Idle engine]
 }
 
 }  // namespace layerswap::residency_gate

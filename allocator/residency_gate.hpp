@@ -140,6 +140,13 @@ std::uint32_t retract_hold(region_id id) noexcept;
 void set_waiter_wake(void (*wake)(void*), void* context) noexcept;
 // Clears the waker if `context` is the one set (an engine stopping).
 void clear_waiter_wake(void* context) noexcept;
+// Note [Idle engine] (residency.cpp): the engine says it sleeps long (true) or polls again (false). While it
+// sleeps, the next counted launch (count_launch) or nudge() calls the waker set above, once. set_engine_asleep is
+// sequentially consistent, like count_launch's count: an engine that marks itself asleep and then finds the count
+// unchanged will be woken by any launch counted after that.
+void set_engine_asleep(bool asleep) noexcept;
+// From a program thread (a free): wakes an engine asleep; one relaxed load when none is.
+void nudge() noexcept;
 struct wait_counts {
   std::uint64_t waits = 0;  // launches that waited for a prefetch
   std::uint64_t ns = 0;     // total time they waited
@@ -176,7 +183,7 @@ void set_on_host(region_id id, bool on_host) noexcept;
 void set_counting(bool counting) noexcept;
 [[nodiscard]] bool counting() noexcept;
 // The tracker, once per launch that touched at least one region, while counting(): `missed` when one of its
-// regions was on the host.
+// regions was on the host. Wakes an engine asleep (Note [Idle engine]).
 void count_launch(bool missed) noexcept;
 struct launch_counts {
   std::uint64_t launches = 0;  // launches with regions, counted while counting() was on

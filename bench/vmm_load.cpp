@@ -1,8 +1,10 @@
 // A thread that makes the driver calls of the residency engine, for bench/vmm_interference_probe.py: it maps an
 // allocation at a VA of its own, sets the device's access and unmaps it (a remap), or queries or records an event
 // (a move's polling and fences), again and again, busy for `duty` of the time, in the process's primary context
-// (PyTorch's). No kernel touches that VA or waits for that event, so the calls can only cost the program's threads
-// through the driver (its locks, its caches). Built by the probe with g++ on the GPU machine:
+// (PyTorch's), or for the remaps in a context of its own (modes 4 and 5: is what the launches wait for the
+// context's or the device's?). No kernel touches that VA or waits for that event, so the calls can only cost the
+// program's threads through the driver (its locks, its caches). vmm_cross_context_check() says whether a mapping
+// made in a context of its own serves the primary context. Built by the probe with g++ on the GPU machine:
 //   g++ -O2 -std=c++20 -shared -fPIC vmm_load.cpp -I/usr/local/cuda/include -lcuda -lpthread -o libvmm_load.so
 #include <cuda.h>
 #include <pthread.h>
@@ -32,13 +34,17 @@ std::uint64_t now_ns() {
 }
 
 // `mode`: 0 maps device memory, 1 host-located memory (map, set access, unmap: one round); 2 queries a completed
-// event, 3 records an event on a stream of its own (one call a round). Rounds run back to back for at least
-// 100 us, then the thread sleeps for (1 - duty) / duty of that time.
+// event, 3 records an event on a stream of its own (one call a round); 4 and 5 are 0 and 1 in a context the
+// thread creates (not the primary one). Rounds run back to back for at least 100 us, then the thread sleeps for
+// (1 - duty) / duty of that time.
 int run(load_state& s, int mode, std::size_t mib, double duty) {
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
-  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
-      cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+  const bool own = mode >= 4;
+  if (own) mode -= 4;
+  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS) return 1;
+  if (own ? cuCtxCreate(&ctx, nullptr, 0, dev) != CUDA_SUCCESS
+          : (cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS)) {
     return 1;
   }
   const bool host = mode == 1;
@@ -96,7 +102,72 @@ int run(load_state& s, int mode, std::size_t mib, double duty) {
   cuStreamDestroy(stream);
   cuMemAddressFree(va, size);
   cuMemRelease(handle);
+  if (own) cuCtxDestroy(ctx);
   return error;
+}
+
+// Maps device memory and host-located memory at VAs of their own from a context created here, then, in the
+// primary context (current on the calling thread), fills each through its VA with cuMemsetD32 and reads it back.
+// Returns 0 when both read back right; 10+ a setup failure, 20+ a wrong read; writes the device memory the
+// context took (cuMemGetInfo's free before and after it was made and used) to *ctx_bytes.
+int check_cross_context(long long* ctx_bytes) {
+  CUdevice dev = 0;
+  CUcontext primary = nullptr;
+  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+      cuDevicePrimaryCtxRetain(&primary, dev) != CUDA_SUCCESS || cuCtxSetCurrent(primary) != CUDA_SUCCESS) {
+    return 10;
+  }
+  std::size_t free0 = 0, free1 = 0, total = 0;
+  cuMemGetInfo(&free0, &total);
+  CUcontext own = nullptr;
+  if (cuCtxCreate(&own, nullptr, 0, dev) != CUDA_SUCCESS) return 11;  // now current
+  constexpr std::size_t size = 4 << 20;
+  CUmemGenericAllocationHandle handles[2] = {0, 0};
+  CUdeviceptr vas[2] = {0, 0};
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = dev;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  for (int i = 0; i < 2; ++i) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = i == 1 ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = i == 1 ? 0 : dev;
+    if (cuMemCreate(&handles[i], size, &prop, 0) != CUDA_SUCCESS) return 12;
+    if (cuMemAddressReserve(&vas[i], size, 2 << 20, 0, 0) != CUDA_SUCCESS) return 13;
+    if (cuMemMap(vas[i], size, 0, handles[i], 0) != CUDA_SUCCESS) return 14;
+    if (cuMemSetAccess(vas[i], size, &access, 1) != CUDA_SUCCESS) return 15;
+  }
+  cuCtxSynchronize();
+  CUcontext popped = nullptr;
+  cuCtxPopCurrent(&popped);
+  cuCtxSetCurrent(primary);
+  cuMemGetInfo(&free1, &total);
+  *ctx_bytes = static_cast<long long>(free0) - static_cast<long long>(free1) - static_cast<long long>(size);
+  int result = 0;
+  static std::uint32_t back[size / 4];
+  for (int i = 0; i < 2 && result == 0; ++i) {
+    const std::uint32_t value = 0x5a5a0000u + static_cast<std::uint32_t>(i);
+    if (cuMemsetD32(vas[i], value, size / 4) != CUDA_SUCCESS || cuCtxSynchronize() != CUDA_SUCCESS ||
+        cuMemcpyDtoH(back, vas[i], size) != CUDA_SUCCESS) {
+      result = 20 + i;
+      break;
+    }
+    for (std::size_t k = 0; k < size / 4; ++k) {
+      if (back[k] != value) {
+        result = 22 + i;
+        break;
+      }
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    cuMemUnmap(vas[i], size);
+    cuMemAddressFree(vas[i], size);
+    cuMemRelease(handles[i]);
+  }
+  cuCtxDestroy(own);
+  cuCtxSetCurrent(primary);
+  return result;
 }
 
 }  // namespace
@@ -114,6 +185,8 @@ int vmm_load_start(int mode, unsigned long long mib, double duty) {
   });
   return 0;
 }
+
+int vmm_cross_context_check(long long* ctx_bytes) { return check_cross_context(ctx_bytes); }
 
 // Stops it; writes its rounds and busy seconds, returns its error (0: none; 1-4: setup; 5: a VMM call failed).
 int vmm_load_stop(unsigned long long* rounds, double* busy_s) {

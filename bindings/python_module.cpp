@@ -102,6 +102,7 @@ py::dict residency_dict(const residency_stats& r) {
   d["launch_remap_waits"] = r.launch_remap_waits;
   d["launch_remap_wait_s"] = static_cast<double>(r.launch_remap_wait_us) * 1e-6;
   d["policy_rounds"] = r.policy_rounds;
+  d["idle_sleeps"] = r.idle_sleeps;
   d["policy_s"] = static_cast<double>(r.policy_us) * 1e-6;
   d["maintain_s"] = static_cast<double>(r.maintain_us) * 1e-6;
   d["room_s"] = static_cast<double>(r.room_us) * 1e-6;

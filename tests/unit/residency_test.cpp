@@ -73,6 +73,12 @@ class counting_forecast final : public forecast_source {
 
 // Tests that need residency_options::refused_hook set it here (harness::make_options forwards to it).
 std::function<void(region_id)> g_refused_hook;
+// ... and residency_options::idle_period (Note [Idle engine]); idle_period_for sets it for one test.
+std::chrono::microseconds g_idle_period = residency_options{}.idle_period;
+struct idle_period_for {
+  explicit idle_period_for(std::chrono::microseconds p) { g_idle_period = p; }
+  ~idle_period_for() { g_idle_period = residency_options{}.idle_period; }
+};
 
 struct harness {
   explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true,
@@ -105,6 +111,7 @@ struct harness {
     o.residency.refused_hook = [](region_id id) {
       if (g_refused_hook) g_refused_hook(id);
     };
+    o.residency.idle_period = g_idle_period;
     return o;
   }
 
@@ -115,7 +122,9 @@ struct harness {
       const region_id id = region_map::lookup(a.va);
       if (id && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
     }
-    for (region_id id : ids) gate::enter(id);
+    bool missed = false;
+    for (region_id id : ids) missed |= gate::enter(id);
+    if (!ids.empty() && gate::counting()) gate::count_launch(missed);  // as the tracker counts (the hit rate)
     sim.launch(s, acc);
     const std::uint64_t n = ++launch_no;
     for (region_id id : ids) gate::exit(id, n);
@@ -1716,6 +1725,7 @@ TEST(ResidencyGate, WaitForAPrefetchIsBounded) {
 // Note [Forecast when due]: the migration thread ticks every 200 us but runs the policy at most every 1 ms when
 // nothing finishes and no launch waits; it fetches the forecast only for a round, not at every tick.
 TEST(Residency, TheMigrationThreadFetchesTheForecastOnlyForAPolicyRound) {
+  const idle_period_for never_idle(residency_options{}.period);  // no launch comes: it would sleep (Note [Idle engine])
   fixed_forecast inner;  // outlive the allocator (and its migration thread)
   counting_forecast f(inner);
   harness h(64 * MiB, true, /*thread=*/true);
@@ -1728,6 +1738,45 @@ TEST(Residency, TheMigrationThreadFetchesTheForecastOnlyForAPolicyRound) {
   const std::int64_t fetches = f.fetches.load();
   EXPECT_GE(rounds, 5) << "the migration thread ran too few rounds to tell";
   EXPECT_LE(fetches, rounds + 1) << "fetched " << fetches << " times for " << rounds << " rounds";
+  h.alloc.deallocate(a);
+}
+
+// Note [Idle engine]: with nothing moving and no launch counted, the migration thread sleeps (here for a minute, so
+// that only a wake can end the sleep); a counted launch wakes it at once, and so does a free.
+std::int64_t rounds_after_wake(harness& h, const std::function<void()>& act) {
+  const auto asleep_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (h.alloc.residency().idle_sleeps == 0 && std::chrono::steady_clock::now() < asleep_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_GE(h.alloc.residency().idle_sleeps, 1) << "the idle migration thread never slept";
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // well into its sleep
+  const std::int64_t before = h.alloc.residency().policy_rounds;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(h.alloc.residency().policy_rounds, before) << "an engine asleep ran policy rounds";
+  act();
+  const auto woken_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (h.alloc.residency().policy_rounds == before && std::chrono::steady_clock::now() < woken_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return h.alloc.residency().policy_rounds - before;
+}
+
+TEST(Residency, AnIdleMigrationThreadSleepsUntilALaunchIsCounted) {
+  const idle_period_for minute(std::chrono::minutes(1));
+  harness h(64 * MiB, true, /*thread=*/true);
+  void* a = h.written(8 * MiB, 1);
+  const std::int64_t woke = rounds_after_wake(h, [&] { h.launch(h.s1, {{reinterpret_cast<device_ptr>(a), 4096, false}}); });
+  EXPECT_GE(woke, 1) << "a counted launch did not wake the migration thread";
+  h.alloc.deallocate(a);
+}
+
+TEST(Residency, AnIdleMigrationThreadWakesForAFree) {
+  const idle_period_for minute(std::chrono::minutes(1));
+  harness h(64 * MiB, true, /*thread=*/true);
+  void* a = h.written(8 * MiB, 1);
+  void* b = h.written(8 * MiB, 2);
+  const std::int64_t woke = rounds_after_wake(h, [&] { h.alloc.deallocate(b); });
+  EXPECT_GE(woke, 1) << "a free did not wake the migration thread";
   h.alloc.deallocate(a);
 }
 

@@ -89,10 +89,10 @@ struct residency_stats {
   std::uint64_t launch_remap_waits = 0;     // launches that waited for a remap of a region they touch to end
   std::uint64_t launch_remap_wait_us = 0;   // ... and the time they waited (process-wide)
   std::int64_t policy_rounds = 0;      // policy rounds run (Note [Policy rounds])
-  std::int64_t idle_sleeps = 0;        // long sleeps of an idle migration thread (Note [Idle engine])
   std::int64_t policy_us = 0;          // ... and the time they held the allocator mutex
   std::int64_t maintain_us = 0;        // ... of which the allocator's housekeeping (fences, pending frees, retiring)
   std::int64_t room_us = 0;            // ... of which finding prefetches a chunk (spares released, cache reclaimed)
+  std::int64_t idle_sleeps = 0;        // long sleeps of an idle migration thread (Note [Idle engine])
   std::int64_t remap_us = 0;           // time in the driver calls of remaps and prefetch starts (map, unmap, access)
   std::int64_t stage_us = 0;           // ... of which prefetch starts (staging VA mapped, copy enqueued)
   std::int64_t remap_in_us = 0;        // ... of which remaps to the device

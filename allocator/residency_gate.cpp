@@ -79,6 +79,12 @@ std::mutex g_wake_mutex;  // guards the pair below (set rarely; read once per wa
 void (*g_wake)(void*) = nullptr;
 void* g_wake_context = nullptr;
 
+// Calls the waker set_waiter_wake() installed, if any: a launch began waiting, or an engine asleep is nudged.
+void wake_engine() noexcept {
+  std::lock_guard lock(g_wake_mutex);
+  if (g_wake) g_wake(g_wake_context);
+}
+
 // Note [Waiting for a prefetch]: sleeps in short slices until the prefetch of `e` lands or the limit passes, or,
 // with `until_hold`, until it publishes a hold (Note [Holding a launch on the GPU]).
 void wait_incoming(entry& e, bool until_hold = false) noexcept {
@@ -87,10 +93,7 @@ void wait_incoming(entry& e, bool until_hold = false) noexcept {
   std::uint64_t none = 0;
   e.wait_start.compare_exchange_strong(none, fast_clock::steady_ns() | 1, std::memory_order_relaxed);  // never 0
   g_waiting.fetch_add(1);
-  {
-    std::lock_guard lock(g_wake_mutex);
-    if (g_wake) g_wake(g_wake_context);
-  }
+  wake_engine();
   bool timed_out = false;
   for (unsigned spins = 0; e.incoming.load() != 0 && !(until_hold && e.hold_value.load() != 0); ++spins) {
     if (spins < 64) continue;
@@ -293,8 +296,7 @@ void set_engine_asleep(bool asleep) noexcept { g_asleep.store(asleep); }
 
 void nudge() noexcept {
   if (!g_asleep.load(std::memory_order_relaxed) || !g_asleep.exchange(false)) return;
-  std::lock_guard lock(g_wake_mutex);
-  if (g_wake) g_wake(g_wake_context);
+  wake_engine();
 }
 
 void clear_waiter_wake(void* context) noexcept {

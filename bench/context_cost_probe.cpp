@@ -21,6 +21,30 @@ double mib(std::size_t before, std::size_t after) {
   return static_cast<double>(before - after) / (1024.0 * 1024.0);
 }
 
+// A VMM cycle in the current context: host-located memory created, mapped, given the device's access, and gone.
+bool cycle(CUdevice dev) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+  prop.location.id = 0;
+  constexpr std::size_t size = 4 << 20;
+  CUmemGenericAllocationHandle handle = 0;
+  CUdeviceptr va = 0;
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = dev;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (!ok(cuMemCreate(&handle, size, &prop, 0), "cuMemCreate") ||
+      !ok(cuMemAddressReserve(&va, size, 2 << 20, 0, 0), "cuMemAddressReserve") ||
+      !ok(cuMemMap(va, size, 0, handle, 0), "cuMemMap") || !ok(cuMemSetAccess(va, size, &access, 1), "cuMemSetAccess")) {
+    return false;
+  }
+  cuMemUnmap(va, size);
+  cuMemAddressFree(va, size);
+  cuMemRelease(handle);
+  return true;
+}
+
 }  // namespace
 
 int main() {
@@ -45,30 +69,33 @@ int main() {
       cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 4096);
     }
     cuMemGetInfo(&limited, &total);
-    CUmemAllocationProp prop{};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
-    prop.location.id = 0;
-    constexpr std::size_t size = 4 << 20;
-    CUmemGenericAllocationHandle handle = 0;
-    CUdeviceptr va = 0;
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = dev;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (!ok(cuMemCreate(&handle, size, &prop, 0), "cuMemCreate") ||
-        !ok(cuMemAddressReserve(&va, size, 2 << 20, 0, 0), "cuMemAddressReserve") ||
-        !ok(cuMemMap(va, size, 0, handle, 0), "cuMemMap") || !ok(cuMemSetAccess(va, size, &access, 1), "cuMemSetAccess")) {
-      return 1;
-    }
+    if (!cycle(dev)) return 1;
     cuMemGetInfo(&cycled, &total);
     std::printf("limits %s: the context took %.1f MiB when made, %.1f MiB with its limits set, %.1f MiB after a VMM cycle\n",
                 limits ? "low" : "default", mib(before, created), mib(before, limited), mib(before, cycled));
-    cuMemUnmap(va, size);
-    cuMemAddressFree(va, size);
-    cuMemRelease(handle);
     cuCtxDestroy(own);
     cuCtxSetCurrent(primary);
+  }
+  {  // a green context over all the SMs (bench/vmm_load.cpp, make_green): it shares the primary context's memory
+    std::size_t before = 0, created = 0, cycled = 0, total = 0;
+    cuMemGetInfo(&before, &total);
+    CUdevResource sms{};
+    CUdevResourceDesc desc = nullptr;
+    CUgreenCtx green = nullptr;
+    CUcontext ctx = nullptr;
+    if (!ok(cuDeviceGetDevResource(dev, &sms, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource") ||
+        !ok(cuDevResourceGenerateDesc(&desc, &sms, 1), "cuDevResourceGenerateDesc") ||
+        !ok(cuGreenCtxCreate(&green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate") ||
+        !ok(cuCtxFromGreenCtx(&ctx, green), "cuCtxFromGreenCtx") || !ok(cuCtxSetCurrent(ctx), "cuCtxSetCurrent")) {
+      return 1;
+    }
+    cuMemGetInfo(&created, &total);
+    if (!cycle(dev)) return 1;
+    cuMemGetInfo(&cycled, &total);
+    std::printf("green context: %.1f MiB when made, %.1f MiB after a VMM cycle\n", mib(before, created),
+                mib(before, cycled));
+    cuCtxSetCurrent(primary);
+    cuGreenCtxDestroy(green);
   }
   cuMemFree(warm);
   return 0;

@@ -4,7 +4,8 @@ layerswap) and times its steps alone and beside a native thread (bench/vmm_load.
 grants access to and unmaps an allocation at a VA no kernel uses, busy --duty of the time: "host" maps host-located
 memory (an eviction's remap, the dear kind), "device" device memory (a prefetch's); or that queries a completed event
 ("query": a move's polling) or records one on a stream of its own ("record": a fence); "host-ctx" and "device-ctx"
-make the remaps in a context the thread creates, not PyTorch's (primary) one. Nothing moves and no kernel
+make the remaps in a context the thread creates, not PyTorch's (primary) one, "host-green" and "device-green" in a
+green context it creates (one over all the SMs: it shares the primary context's memory). Nothing moves and no kernel
 reads that memory, so a slower step or more CPU in the launching threads is what the driver's shared state costs
 them. The
 load thread is named layerswap-move, so --pin-threads (the default) puts it on the core the engine's thread gets.
@@ -30,7 +31,8 @@ import swap_models as sm  # noqa: E402
 
 
 # The load thread's modes (vmm_load.cpp, run()): remaps of device or host memory, event queries, event records.
-LOAD_MODES = {"device": 0, "host": 1, "query": 2, "record": 3, "device-ctx": 4, "host-ctx": 5}
+LOAD_MODES = {"device": 0, "host": 1, "query": 2, "record": 3, "device-ctx": 4, "host-ctx": 5, "device-green": 6,
+              "host-green": 7}
 
 
 def build_load(out_dir):
@@ -43,7 +45,7 @@ def build_load(out_dir):
     so = ctypes.CDLL(str(lib))
     so.vmm_load_start.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_double]
     so.vmm_load_stop.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_double)]
-    so.vmm_cross_context_check.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
+    so.vmm_cross_context_check.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_int]
     return so
 
 
@@ -76,13 +78,16 @@ def main(argv=None):
         cfg = sm.RunConfig(case=a.case, steps=a.steps, warmup=a.warmup, pin_threads=not a.no_pin)
         built = sm.build_case(cfg)
         torch.cuda.synchronize()
-        cross = None
-        if any(m.endswith("-ctx") for m in a.modes.split(",")):
+        cross = {}
+        for kind in ("ctx", "green"):
+            if not any(m.endswith("-" + kind) for m in a.modes.split(",")):
+                continue
             ctx_bytes = ctypes.c_longlong()
-            err = so.vmm_cross_context_check(ctypes.byref(ctx_bytes))
-            cross = {"error": err, "context_device_bytes": ctx_bytes.value}
-            print(f"cross-context check: {'mappings serve the primary context' if err == 0 else f'error {err}'}; "
-                  f"a context of its own took {ctx_bytes.value / 2**20:.1f} MiB of device memory", flush=True)
+            err = so.vmm_cross_context_check(ctypes.byref(ctx_bytes), int(kind == "green"))
+            cross[kind] = {"error": err, "context_device_bytes": ctx_bytes.value}
+            print(f"cross-context check ({kind}): "
+                  f"{'mappings serve the primary context' if err == 0 else f'error {err}'}; "
+                  f"the context took {ctx_bytes.value / 2**20:.1f} MiB of device memory", flush=True)
         rows = []
         for mode in a.modes.split(","):
             if mode != "off" and so.vmm_load_start(LOAD_MODES[mode], a.mib, a.duty) != 0:
@@ -97,7 +102,7 @@ def main(argv=None):
                     raise SystemExit(f"the load thread failed (error {err}, see vmm_load.cpp)")
                 row["load_rounds"] = rounds.value
                 row["load_busy_s"] = busy.value
-                if mode in ("device", "host", "device-ctx", "host-ctx"):
+                if mode in ("device", "host", "device-ctx", "host-ctx", "device-green", "host-green"):
                     row["load_us_per_mib"] = busy.value * 1e6 / max(1, rounds.value) / a.mib
                 else:
                     row["load_us_per_call"] = busy.value * 1e6 / max(1, rounds.value)
@@ -120,7 +125,7 @@ def main(argv=None):
     if a.out:
         with open(a.out, "w") as fh:
             json.dump({"device": torch.cuda.get_device_name(), "case": a.case, "mib": a.mib, "duty": a.duty,
-                       "rows": rows, "summary": summary, "cross_context": cross}, fh, indent=1)
+                       "rows": rows, "summary": summary, "cross_context": cross or None}, fh, indent=1)
 
 
 if __name__ == "__main__":

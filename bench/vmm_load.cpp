@@ -2,7 +2,7 @@
 // allocation at a VA of its own, sets the device's access and unmaps it (a remap), or queries or records an event
 // (a move's polling and fences), again and again, busy for `duty` of the time, in the process's primary context
 // (PyTorch's), or for the remaps in a context of its own (modes 4 and 5: is what the launches wait for the
-// context's or the device's?). No kernel touches that VA or waits for that event, so the calls can only cost the
+// context's or the device's?) or in a green context made from the device's SMs (modes 6 and 7: the lighter kind). No kernel touches that VA or waits for that event, so the calls can only cost the
 // program's threads through the driver (its locks, its caches). vmm_cross_context_check() says whether a mapping
 // made in a context of its own serves the primary context. Built by the probe with g++ on the GPU machine:
 //   g++ -O2 -std=c++20 -shared -fPIC vmm_load.cpp -I/usr/local/cuda/include -lcuda -lpthread -o libvmm_load.so
@@ -33,18 +33,37 @@ std::uint64_t now_ns() {
           .count());
 }
 
+// A green context over all of the device's SMs (none set apart: it is made for driver calls, not kernels), and the
+// CUcontext that stands for it.
+int make_green(CUdevice dev, CUgreenCtx* green, CUcontext* ctx) {
+  CUdevResource sms{};
+  CUdevResourceDesc desc = nullptr;
+  if (cuDeviceGetDevResource(dev, &sms, CU_DEV_RESOURCE_TYPE_SM) != CUDA_SUCCESS ||
+      cuDevResourceGenerateDesc(&desc, &sms, 1) != CUDA_SUCCESS ||
+      cuGreenCtxCreate(green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM) != CUDA_SUCCESS ||
+      cuCtxFromGreenCtx(ctx, *green) != CUDA_SUCCESS) {
+    return 1;
+  }
+  return 0;
+}
+
 // `mode`: 0 maps device memory, 1 host-located memory (map, set access, unmap: one round); 2 queries a completed
 // event, 3 records an event on a stream of its own (one call a round); 4 and 5 are 0 and 1 in a context the
-// thread creates (not the primary one). Rounds run back to back for at least 100 us, then the thread sleeps for
+// thread creates (not the primary one), 6 and 7 in a green context the thread creates. Rounds run back to back for at least 100 us, then the thread sleeps for
 // (1 - duty) / duty of that time.
 int run(load_state& s, int mode, std::size_t mib, double duty) {
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
-  const bool own = mode >= 4;
+  CUgreenCtx green = nullptr;
+  const bool own = mode == 4 || mode == 5;
+  const bool is_green = mode >= 6;
   if (own) mode -= 4;
+  if (is_green) mode -= 6;
   if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS) return 1;
-  if (own ? cuCtxCreate(&ctx, nullptr, 0, dev) != CUDA_SUCCESS
-          : (cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS)) {
+  if (is_green) {
+    if (make_green(dev, &green, &ctx) != 0 || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return 1;
+  } else if (own ? cuCtxCreate(&ctx, nullptr, 0, dev) != CUDA_SUCCESS
+                 : (cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS)) {
     return 1;
   }
   const bool host = mode == 1;
@@ -103,14 +122,16 @@ int run(load_state& s, int mode, std::size_t mib, double duty) {
   cuMemAddressFree(va, size);
   cuMemRelease(handle);
   if (own) cuCtxDestroy(ctx);
+  if (is_green) cuGreenCtxDestroy(green);
   return error;
 }
 
-// Maps device memory and host-located memory at VAs of their own from a context created here, then, in the
+// Maps device memory and host-located memory at VAs of their own from a context created here (a green one when
+// `green`), then, in the
 // primary context (current on the calling thread), fills each through its VA with cuMemsetD32 and reads it back.
 // Returns 0 when both read back right; 10+ a setup failure, 20+ a wrong read; writes the device memory the
 // context took (cuMemGetInfo's free before and after it was made and used) to *ctx_bytes.
-int check_cross_context(long long* ctx_bytes) {
+int check_cross_context(long long* ctx_bytes, bool green) {
   CUdevice dev = 0;
   CUcontext primary = nullptr;
   if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
@@ -120,7 +141,11 @@ int check_cross_context(long long* ctx_bytes) {
   std::size_t free0 = 0, free1 = 0, total = 0;
   cuMemGetInfo(&free0, &total);
   CUcontext own = nullptr;
-  if (cuCtxCreate(&own, nullptr, 0, dev) != CUDA_SUCCESS) return 11;  // now current
+  CUgreenCtx green_ctx = nullptr;
+  if (green ? make_green(dev, &green_ctx, &own) != 0 || cuCtxSetCurrent(own) != CUDA_SUCCESS
+            : cuCtxCreate(&own, nullptr, 0, dev) != CUDA_SUCCESS) {  // now current
+    return 11;
+  }
   constexpr std::size_t size = 4 << 20;
   CUmemGenericAllocationHandle handles[2] = {0, 0};
   CUdeviceptr vas[2] = {0, 0};
@@ -139,8 +164,10 @@ int check_cross_context(long long* ctx_bytes) {
     if (cuMemSetAccess(vas[i], size, &access, 1) != CUDA_SUCCESS) return 15;
   }
   cuCtxSynchronize();
-  CUcontext popped = nullptr;
-  cuCtxPopCurrent(&popped);
+  if (!green) {
+    CUcontext popped = nullptr;
+    cuCtxPopCurrent(&popped);
+  }
   cuCtxSetCurrent(primary);
   cuMemGetInfo(&free1, &total);
   *ctx_bytes = static_cast<long long>(free0) - static_cast<long long>(free1) - static_cast<long long>(size);
@@ -165,7 +192,11 @@ int check_cross_context(long long* ctx_bytes) {
     cuMemAddressFree(vas[i], size);
     cuMemRelease(handles[i]);
   }
-  cuCtxDestroy(own);
+  if (green) {
+    cuGreenCtxDestroy(green_ctx);
+  } else {
+    cuCtxDestroy(own);
+  }
   cuCtxSetCurrent(primary);
   return result;
 }
@@ -186,7 +217,7 @@ int vmm_load_start(int mode, unsigned long long mib, double duty) {
   return 0;
 }
 
-int vmm_cross_context_check(long long* ctx_bytes) { return check_cross_context(ctx_bytes); }
+int vmm_cross_context_check(long long* ctx_bytes, int green) { return check_cross_context(ctx_bytes, green != 0); }
 
 // Stops it; writes its rounds and busy seconds, returns its error (0: none; 1-4: setup; 5: a VMM call failed).
 int vmm_load_stop(unsigned long long* rounds, double* busy_s) {

@@ -1612,6 +1612,71 @@ TEST(Residency, APrefetchALaunchWaitedForIsCountedLate) {
   h.expect_clean();
 }
 
+// Note [Serving a waiting launch]: a prefetch whose copy lands while the migration thread works through a batch of
+// eviction remaps, with a launch waiting for it, is remapped before the rest of the batch, not at the next tick.
+TEST(Residency, ALaunchWaitingForALandedPrefetchIsServedWithinABatch) {
+  sim_options so;
+  so.total_memory = 512 * MiB;
+  so.eager = false;  // copies complete at run_all()
+  sim_driver sim(so);
+  allocator_options o = harness::make_options(64 * MiB, false, true, true);
+  void* p = nullptr;
+  std::thread launcher;
+  std::atomic<bool> entered{false};
+  int eviction_remaps = 0;
+  bool entered_before_second_eviction = false;
+  o.residency.remap_hook = [&](region_id id) {
+    if (id == harness::id_of(p)) return;
+    if (++eviction_remaps == 1) {
+      sim.run_all();  // the prefetch's copy lands now, after the batch was polled
+      launcher = std::thread([&] {
+        const region_id pid = harness::id_of(p);
+        gate::enter(pid);  // waits: the prefetch is in flight
+        entered = true;
+        gate::exit(pid, 1000);
+      });
+      for (int i = 0; i < 1000 && gate::waiting() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } else {
+      // Well within the gate's bound on a wait (k_incoming_wait_us), after which the launch would go on anyway.
+      for (int i = 0; i < 50 && !entered.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      entered_before_second_eviction = entered.load();
+    }
+  };
+  caching_allocator alloc(sim, o);
+  const auto written = [&](std::size_t bytes, std::uint8_t v) {
+    void* a = alloc.allocate(bytes, nullptr);
+    sim.launch(nullptr, {{reinterpret_cast<device_ptr>(a), bytes, true, v}});
+    return a;
+  };
+  p = written(4 * MiB, 0x5a);
+  void* e1 = written(4 * MiB, 0x11);
+  void* e2 = written(4 * MiB, 0x22);
+  ASSERT_TRUE(alloc.request_evict(p));
+  sim.run_all();
+  alloc.residency_tick();
+  ASSERT_EQ(alloc.residency_of(p), region_residency::host);
+  eviction_remaps = 0;
+  ASSERT_TRUE(alloc.request_evict(e1));
+  ASSERT_TRUE(alloc.request_evict(e2));
+  sim.run_all();                          // both evictions' copies are done
+  ASSERT_TRUE(alloc.request_prefetch(p));  // its copy is not
+  alloc.residency_tick();
+  launcher.join();
+  EXPECT_EQ(eviction_remaps, 2);
+  EXPECT_TRUE(entered_before_second_eviction) << "the waiting launch waited for the whole batch";
+  EXPECT_EQ(alloc.residency_of(p), region_residency::device);
+  EXPECT_EQ(alloc.residency_of(e1), region_residency::host);
+  EXPECT_EQ(alloc.residency_of(e2), region_residency::host);
+  EXPECT_EQ(alloc.residency().served_early, 1);
+  EXPECT_EQ(alloc.residency().prefetches, 1);
+  EXPECT_TRUE(sim_holds(sim, p, 4 * MiB, 0x5a));
+  EXPECT_TRUE(sim_holds(sim, e1, 4 * MiB, 0x11));
+  EXPECT_TRUE(sim_holds(sim, e2, 4 * MiB, 0x22));
+  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  alloc.verify();
+  for (void* a : {p, e1, e2}) alloc.deallocate(a);
+}
+
 // An ordinary launch (one the tracker could not hold) during the prefetch still makes the engine abandon it; a
 // launch held on it meanwhile then runs on the host copy, which is current.
 TEST(Residency, AbandonedPrefetchReleasesItsHeldLaunches) {

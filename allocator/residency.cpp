@@ -51,16 +51,6 @@
 //   without it, tick() makes a prefetch's chunk and enqueues each move's fences and copy or check (start_deferred);
 //   under the mutex again, end_start undoes a move whose copy failed to start.
 //
-// Note [Serving a waiting launch]
-//   A batch of remaps (or of prefetch starts) runs without the mutex, one region after another, and a prefetch whose
-//   copy lands meanwhile used to wait for the rest of the batch, the policy round and the next poll, though a
-//   launch may be waiting for it: an eviction's remap maps host pages, 0.2-0.4 ms each, and on the H200 at LoRA 25%
-//   the late prefetches' launches waited 1.8 ms per step after the copy had landed (bench/results/swap_s17.json).
-//   So between two items of a batch, when a launch waits (gate::waiting()), the migration thread takes the mutex,
-//   begins finishing every prefetch whose copy is done (begin_finish), releases it and remaps them at once; the
-//   waiting launches go on as each remap ends, and end_finish closes their books with the batch's
-//   (residency_stats::served_early).
-//
 // Note [Chunks]
 //   A region's device memory is one physical allocation of its size (a chunk), not the allocator's 2 MiB pages
 //   (which slabs still use): VMM calls cost per mapping, not per byte. On the H100 (bench/vmm_sync_probe.py) a
@@ -402,7 +392,6 @@ struct residency_engine::impl {
   residency_stats st;
   std::vector<swap_region*> moving;  // the regions with a move, in no order; its size is the moves in flight (Note [Policy rounds])
   std::vector<swap_region*> poll_scratch;  // a copy of `moving` to walk while moves end (poll_moves, evict_sync)
-  std::vector<swap_region*> served;  // prefetches remapped between a batch's items (Note [Serving a waiting launch])
   std::size_t busy = 0;                 // regions being remapped outside the mutex
   std::condition_variable busy_cv;      // signalled (mutex held) when a remap outside the mutex ends
   std::vector<swap_region*> starting;   // prefetches the policy left for tick() to start without the mutex
@@ -1161,46 +1150,21 @@ struct residency_engine::impl {
   }
 
   // tick(): `work` on each of `busy_regions` without the mutex (a failure is kept in `failure`, the rest go on),
-  // then `done` on each with it (Note [Remaps outside the lock]). Between two, a launch waiting for a prefetch
-  // whose copy has landed is served first (Note [Serving a waiting launch]).
+  // then `done` on each with it (Note [Remaps outside the lock]).
   void outside_lock(std::unique_lock<std::mutex>& lock, const std::vector<swap_region*>& busy_regions,
                     void (impl::*work)(swap_region&), void (impl::*done)(swap_region&), std::exception_ptr& failure) {
     if (busy_regions.empty()) return;
-    served.clear();
     lock.unlock();
-    for (std::size_t i = 0; i < busy_regions.size(); ++i) {
+    for (swap_region* r : busy_regions) {
       try {
-        (this->*work)(*busy_regions[i]);
+        (this->*work)(*r);
       } catch (...) {
         if (!failure) failure = std::current_exception();
       }
-      if (i + 1 < busy_regions.size() && gate::waiting() != 0) serve_waiting(lock, failure);
     }
     lock.lock();
     for (swap_region* r : busy_regions) (this->*done)(*r);
-    for (swap_region* r : served) end_finish(*r);
     busy_cv.notify_all();
-  }
-
-  // Note [Serving a waiting launch]: with the mutex released (outside_lock), remaps the prefetches whose copy has
-  // landed, now, instead of after the rest of a batch; they join `served`, whose books end_finish closes with the
-  // batch's.
-  void serve_waiting(std::unique_lock<std::mutex>& lock, std::exception_ptr& failure) {
-    const std::size_t first = served.size();
-    lock.lock();
-    poll_scratch = moving;  // begin_finish may end moves (cancelled)
-    for (swap_region* r : poll_scratch) {
-      if (r->mv->to_device && !r->busy && copy_done(*r) && begin_finish(*r)) served.push_back(r);
-    }
-    st.served_early += static_cast<std::int64_t>(served.size() - first);
-    lock.unlock();
-    for (std::size_t i = first; i < served.size(); ++i) {
-      try {
-        remap_busy(*served[i]);
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-    }
   }
 
   // Waits (releasing the mutex, which the caller holds) until `r` is not being remapped outside the mutex.
@@ -1249,6 +1213,11 @@ struct residency_engine::impl {
   // returned busy, for remaps outside the mutex (Note [Remaps outside the lock]). Prefetches come first: a launch
   // may be waiting for one, and its remap (device pages) is quick, while an eviction's maps host pages, the slow
   // kind (8-13 us per MiB: bench/results/vmm_host_probe.json); a prefetch behind a few of those landed late.
+  // Going further, remapping a landed prefetch that a launch waits for between two items of a batch (session 18,
+  // docs/swapping.md), cut full fine-tuning's launch waits from 0.16 to 0.02 s per step on the H200 but slowed its
+  // step 8-10%: the program, no longer held back, ran on host copies (hit rate 0.974 -> 0.926) and the evictions
+  // behind the served remaps freed their pages later; LoRA did not change. A launch's wait is the backpressure
+  // that keeps the program on the device.
   std::vector<swap_region*> poll_moves() {
     std::vector<swap_region*> ready;
     if (moving.empty()) return ready;

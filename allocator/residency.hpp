@@ -113,7 +113,6 @@ struct residency_stats {
   std::int64_t late_lead_us = 0;
   std::int64_t late_copy_wait_us = 0;
   std::int64_t late_remap_wait_us = 0;
-  std::int64_t served_early = 0;  // prefetches remapped within a batch for a waiting launch (Note [Serving a waiting launch])
   std::array<std::int64_t, 8> late_wait_us_by_phase{};
   std::array<std::int64_t, 8> transient_peak_by_phase{};  // bytes: the transient peak seen in each eighth
   bool active = false;                 // whether the engine moves regions (a fed gate or without_tracker)

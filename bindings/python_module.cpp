@@ -123,7 +123,6 @@ py::dict residency_dict(const residency_stats& r) {
   d["late_lead_s"] = static_cast<double>(r.late_lead_us) * 1e-6;
   d["late_copy_wait_s"] = static_cast<double>(r.late_copy_wait_us) * 1e-6;
   d["late_remap_wait_s"] = static_cast<double>(r.late_remap_wait_us) * 1e-6;
-  d["served_early"] = r.served_early;
   py::list by_phase;
   for (const std::int64_t us : r.late_wait_us_by_phase) by_phase.append(static_cast<double>(us) * 1e-6);
   d["late_wait_s_by_phase"] = by_phase;

@@ -1,10 +1,11 @@
 // How much device memory a second CUDA context costs a process, and how much of it the context's limits give back
 // (stack, printf FIFO, malloc heap set low), before and after a VMM cycle (host-located memory mapped, access
-// granted) made in it. For the question in docs/swapping.md (session 17): would a context of the migration thread's
-// own, for its VMM calls, be affordable? Build and run on a GPU machine:
+// granted) made in it; then the same for a green context. For the question in docs/swapping.md (sessions 17 and 18):
+// would a context of the migration thread's own, for its VMM calls, be affordable? Build and run on a GPU machine:
 //   g++ -O2 -std=c++20 bench/context_cost_probe.cpp -I/usr/local/cuda/include -L/usr/local/cuda/lib64/stubs
 //       -lcuda -o /tmp/context_cost_probe && /tmp/context_cost_probe
-// On the H200 (driver 580.159): 523.6 MiB per context, 263.6 MiB with the limits low, nothing more after the cycle.
+// On the H200 (driver 580.159): 523.6 MiB per context, 263.6 MiB with the limits low, nothing more after the cycle;
+// a green context over all the SMs (it shares the primary context's memory) 6.0 MiB.
 #include <cuda.h>
 
 #include <cstdio>
@@ -36,7 +37,8 @@ bool cycle(CUdevice dev) {
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   if (!ok(cuMemCreate(&handle, size, &prop, 0), "cuMemCreate") ||
       !ok(cuMemAddressReserve(&va, size, 2 << 20, 0, 0), "cuMemAddressReserve") ||
-      !ok(cuMemMap(va, size, 0, handle, 0), "cuMemMap") || !ok(cuMemSetAccess(va, size, &access, 1), "cuMemSetAccess")) {
+      !ok(cuMemMap(va, size, 0, handle, 0), "cuMemMap") ||
+      !ok(cuMemSetAccess(va, size, &access, 1), "cuMemSetAccess")) {
     return false;
   }
   cuMemUnmap(va, size);
@@ -71,7 +73,8 @@ int main() {
     cuMemGetInfo(&limited, &total);
     if (!cycle(dev)) return 1;
     cuMemGetInfo(&cycled, &total);
-    std::printf("limits %s: the context took %.1f MiB when made, %.1f MiB with its limits set, %.1f MiB after a VMM cycle\n",
+    std::printf("limits %s: the context took %.1f MiB when made, %.1f MiB with its limits set, %.1f MiB after a "
+                "VMM cycle\n",
                 limits ? "low" : "default", mib(before, created), mib(before, limited), mib(before, cycled));
     cuCtxDestroy(own);
     cuCtxSetCurrent(primary);

@@ -2,9 +2,10 @@
 // allocation at a VA of its own, sets the device's access and unmaps it (a remap), or queries or records an event
 // (a move's polling and fences), again and again, busy for `duty` of the time, in the process's primary context
 // (PyTorch's), or for the remaps in a context of its own (modes 4 and 5: is what the launches wait for the
-// context's or the device's?) or in a green context made from the device's SMs (modes 6 and 7: the lighter kind). No kernel touches that VA or waits for that event, so the calls can only cost the
-// program's threads through the driver (its locks, its caches). vmm_cross_context_check() says whether a mapping
-// made in a context of its own serves the primary context. Built by the probe with g++ on the GPU machine:
+// context's or the device's?) or in a green context made from the device's SMs (modes 6 and 7: the lighter kind).
+// No kernel touches that VA or waits for that event, so the calls can only cost the program's threads through the
+// driver (its locks, its caches). vmm_cross_context_check() says whether a mapping made in a context of its own (or
+// a green one) serves the primary context. Built by the probe with g++ on the GPU machine:
 //   g++ -O2 -std=c++20 -shared -fPIC vmm_load.cpp -I/usr/local/cuda/include -lcuda -lpthread -o libvmm_load.so
 #include <cuda.h>
 #include <pthread.h>
@@ -49,8 +50,8 @@ int make_green(CUdevice dev, CUgreenCtx* green, CUcontext* ctx) {
 
 // `mode`: 0 maps device memory, 1 host-located memory (map, set access, unmap: one round); 2 queries a completed
 // event, 3 records an event on a stream of its own (one call a round); 4 and 5 are 0 and 1 in a context the
-// thread creates (not the primary one), 6 and 7 in a green context the thread creates. Rounds run back to back for at least 100 us, then the thread sleeps for
-// (1 - duty) / duty of that time.
+// thread creates (not the primary one), 6 and 7 in a green context the thread creates. Rounds run back to back for
+// at least 100 us, then the thread sleeps for (1 - duty) / duty of that time.
 int run(load_state& s, int mode, std::size_t mib, double duty) {
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
@@ -127,8 +128,8 @@ int run(load_state& s, int mode, std::size_t mib, double duty) {
 }
 
 // Maps device memory and host-located memory at VAs of their own from a context created here (a green one when
-// `green`), then, in the
-// primary context (current on the calling thread), fills each through its VA with cuMemsetD32 and reads it back.
+// `green`), then, in the primary context (current on the calling thread), fills each through its VA with
+// cuMemsetD32 and reads it back.
 // Returns 0 when both read back right; 10+ a setup failure, 20+ a wrong read; writes the device memory the
 // context took (cuMemGetInfo's free before and after it was made and used) to *ctx_bytes.
 int check_cross_context(long long* ctx_bytes, bool green) {

@@ -66,7 +66,8 @@ std::atomic<bool> g_counting{false};
 std::atomic<std::uint64_t> g_internal[k_max_internal_streams];  // 0 = free slot
 alignas(64) std::atomic<std::uint64_t> g_counted{0};
 std::atomic<std::uint64_t> g_missed{0};
-std::atomic<bool> g_asleep{false};  // on the counted launches' line: a launch reads it where it writes (Note [Idle engine])
+// On the counted launches' line: a launch reads it where it writes (Note [Idle engine]).
+std::atomic<bool> g_asleep{false};
 alignas(64) std::atomic<std::uint32_t> g_waiting{0};
 std::atomic<std::uint64_t> g_waits{0};
 std::atomic<std::uint64_t> g_wait_ns{0};

@@ -1765,7 +1765,8 @@ TEST(Residency, AnIdleMigrationThreadSleepsUntilALaunchIsCounted) {
   const idle_period_for minute(std::chrono::minutes(1));
   harness h(64 * MiB, true, /*thread=*/true);
   void* a = h.written(8 * MiB, 1);
-  const std::int64_t woke = rounds_after_wake(h, [&] { h.launch(h.s1, {{reinterpret_cast<device_ptr>(a), 4096, false}}); });
+  const std::int64_t woke =
+      rounds_after_wake(h, [&] { h.launch(h.s1, {{reinterpret_cast<device_ptr>(a), 4096, false}}); });
   EXPECT_GE(woke, 1) << "a counted launch did not wake the migration thread";
   h.alloc.deallocate(a);
 }

@@ -28,6 +28,8 @@ timeout) records its error text in the case; no figure is ever made up. Results 
     python3 bench/swap.py --cases llama-lora:0.25        # one case (model[:fraction[:fraction...]], comma-separated)
     python3 bench/swap.py --interleave 20 --pin-threads  # the sides take turns, 3 steps each, 20 cycles (lockstep.py):
                                                          # the machine's drift falls on all alike; paired ratios
+    python3 bench/swap.py --interleave 10 --processes 3  # three processes of every side take turns; each side's
+                                                         # step and ratios pooled over its processes
     python3 bench/swap.py --quick                        # tiny models: a smoke test of the whole harness
     python3 bench/swap.py --quick --device cpu           # the harness logic on a CPU (layerswap and H2D skipped;
                                                          # the peers run as logic checks, without streams)
@@ -671,11 +673,85 @@ def self_test_interleave():
     return 13 + lockstep.self_test()
 
 
+def self_test_processes():
+    """--processes K: K processes of every side take turns; a side's step is the median over cycles of the median
+    over its processes of their block medians, ratios are pooled the same way, and every process's losses count."""
+    import contextlib
+    import io
+
+    groups = [{"name": f"layer.{i}", "frozen_bytes": 200, "trainable_bytes": 4, "grad_bytes": 4, "state_bytes": 8,
+               "bwd_reads": True} for i in range(4)]
+    losses = [float(x).hex() for x in (2.5, 2.25, 2.0, 1.75, 1.5, 1.25, 1.0)]
+    handed = {}
+
+    def train(values, hexes=losses):  # one block per value: a first step (left out), then the value
+        times = [9.0] + [t for v in values for t in (5.0, v)]
+        record = {"losses_hex": hexes, "step_times_s": times, "warmup": 1,
+                  "lockstep": {"block": 2, "first_after_pause": [0] + [1 + 2 * i for i in range(len(values))],
+                               "spans": []}}
+        lockstep_medians(record, 1)
+        return record
+
+    class FakeRunner:
+        def __init__(self, args, tmpdir):
+            pass
+
+        def run(self, side, run_cfg=None, env=None, tag=None, **extra):
+            if side == "h2d":
+                return {"device": "Fake GPU", "h2d_gbps": 1.0, "d2h_gbps": 1.0, "torch": "x", "cuda": "y"}
+            return {"groups": groups, "transient_bytes": 100, "params": 1, "device": "Fake GPU",
+                    "train": {"losses_hex": losses, "median_step_s": 0.5, "step_times_s": [0.5] * 7, "warmup": 1},
+                    "peak_allocated": 10 ** 4}
+
+        def interleave(self, members, cycles, block):
+            handed.update({m["key"]: m for m in members})
+            values = {"resident": [[0.10, 0.10, 0.10], [0.12, 0.11, 0.13], [0.20, 0.30, 0.10]],
+                      "layerswap": [[0.11, 0.12, 0.13], [0.14, 0.12, 0.12], [0.50, 0.13, 0.13]],
+                      "block_swap": [[0.2, 0.2, 0.2], [0.3, 0.3, 0.3], [0.25, 0.25, 0.25]]}
+            out = {"order": []}
+            for m in members:
+                i = m["key"][1] if m["tag"].endswith(("#1", "#2")) else 0
+                hexes = losses if (m["side"], i) != ("block_swap", 2) else losses[:3] + ["0x1.0p+0"] * 4
+                out[m["key"]] = {"train": train(values[m["side"]][i], hexes), "peak_reserved": 5}
+            return out
+
+    args = parse_args(["--cases", "llama-lora:0.25", "--margin-mib", "0", "--interleave", "3", "--block", "2",
+                       "--warmup", "1", "--steps", "7", "--processes", "3", "--sides", "layerswap,block_swap"])
+    with contextlib.redirect_stdout(io.StringIO()):
+        res = run_all(args, runner_class=FakeRunner)
+        print_table(res)
+    assert len(handed) == 9 and ("resident", 2) in handed and (("layerswap", 0.25), 1) in handed, sorted(map(str, handed))
+    assert handed[(("block_swap", 0.25), 2)]["uncapped"]["key"] == (("block_swap", 0.25), 2)
+    (c,) = res["cases"]
+    model = res["models"]["llama-lora"]
+    # resident per cycle: median(0.10, 0.12, 0.20) = 0.12, median(0.10, 0.11, 0.30) = 0.11, median(0.10, 0.13, 0.10)
+    # = 0.10; its step is their median
+    assert model["resident_step_s"] == 0.11 and model["interleave"]["processes_per_side"] == 3, model
+    # layerswap per cycle: 0.14 (process 2's 0.50 left out), 0.12, 0.13
+    assert abs(c["step_s"] - 0.13) < 1e-12 and [p["step_s"] for p in c["processes"]] == [0.12, 0.12, 0.13], c
+    assert abs(c["step_over_bound"] - 0.13 / 0.11) < 1e-9 and c["losses_bitwise_equal"] is True, c
+    ratios = c["interleave"]["ratios_per_cycle"]
+    assert [round(r, 6) for r in ratios] == [round(x, 6) for x in (0.14 / 0.12, 0.12 / 0.11, 0.13 / 0.10)], ratios
+    bs = c["peers"]["block_swap"]
+    assert bs["step_s"] == 0.25 and bs["losses_bitwise_equal"] is False, bs  # process 2's losses differ
+    assert [p["losses_bitwise_equal"] for p in bs["processes"]] == [True, True, False], bs["processes"]
+    assert abs(bs["layerswap_speedup"] - 0.25 / 0.13) < 1e-9, bs
+    for bad in (["--processes", "2"], ["--interleave", "2", "--processes", "0"]):
+        with contextlib.redirect_stderr(io.StringIO()):
+            try:
+                parse_args(bad)
+            except SystemExit:
+                continue
+        raise AssertionError(f"accepted {bad}")
+    return 12
+
+
 def self_test():
     passed = failed = 0
     for name, fn in (("bound and budget", self_test_bound), ("parent (fake workers)", self_test_parent),
                      ("rounds (fake workers)", self_test_rounds),
-                     ("interleave (fake workers; lockstep with real processes)", self_test_interleave), ("merge", self_test_merge),
+                     ("interleave (fake workers; lockstep with real processes)", self_test_interleave),
+                     ("processes per side (fake workers)", self_test_processes), ("merge", self_test_merge),
                      ("block swapper", self_test_swapper)):
         try:
             n = fn()
@@ -1458,9 +1534,40 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
                             "extra": dict(common, enforce_cap=False)}
                 members.append({"key": (peer, f), "side": peer, "run_cfg": cfg, "tag": f"{case} {peer} {f:g}",
                                 "extra": dict(common, enforce_cap=cuda), "uncapped": uncapped if cuda else None})
+    k = args.processes
+    if k > 1:  # process 0 keeps the side's key; the others are (key, i)
+        members = [m if i == 0 else dict(m, key=(m["key"], i), tag=f"{m['tag']} #{i}",
+                                         uncapped=m.get("uncapped") and dict(m["uncapped"], key=(m["key"], i),
+                                                                             tag=f"{m['uncapped']['tag']} #{i}"))
+                   for m in members for i in range(k)]
     got = runner.interleave(members, cycles, args.block)
+
+    def processes(key):
+        return [got.get(key if i == 0 else (key, i)) or {"error": "the process did not start"} for i in range(k)]
+
+    def blocks(key):  # per cycle: the process's block median; with K > 1, the median over the side's processes
+        return pooled_blocks([block_medians(r) for r in processes(key)])
+
+    def pool(summary, key):  # K > 1: the pooled step and every process's own figures (the rest is process 0's)
+        if k == 1:
+            return
+        rs = processes(key)
+        checks = [compare_losses(resident, r) for r in rs]
+        summary["processes"] = [{"step_s": median_step(r), "error": r.get("error"), "losses_bitwise_equal": eq,
+                                 "first_differing_step": first} for r, (eq, first) in zip(rs, checks)]
+        summary["first_differing_step"] = next((first for eq, first in checks if eq is False), None)
+        pooled = [b for b in blocks(key) if b is not None]
+        summary["step_s"] = statistics.median(pooled) if pooled and not any(r.get("error") for r in rs) else None
+        summary["step_s_rule"] = f"pooled over {k} processes: the median over cycles of the processes' median block"
+        eqs = [p["losses_bitwise_equal"] for p in summary["processes"]]
+        summary["losses_bitwise_equal"] = None if None in eqs else all(eqs)
+        summary["error"] = summary.get("error") or next((r["error"] for r in rs if r.get("error")), None)
+        if "step_over_bound" in summary:
+            bound = summary.get("bound_s")
+            summary["step_over_bound"] = summary["step_s"] / bound if summary["step_s"] and bound else None
+
     again = got.get("resident") or {"error": "the interleaved resident run did not start"}
-    model["interleave"] = {"cycles": cycles, "block": args.block, "order": got.get("order"),
+    model["interleave"] = {"cycles": cycles, "block": args.block, "processes_per_side": k, "order": got.get("order"),
                            "resident_step_s_alone": model["resident_step_s"],
                            "rule": "each side's step: the median of its timed steps that followed a step of its "
                                    "own (not a pause); ratios_per_cycle: the side's block median over the resident's "
@@ -1473,25 +1580,33 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
     spans = {str(k): (((r.get("train") or {}).get("lockstep") or {}).get("spans") or [])
              for k, r in got.items() if k != "order"}
     model["interleave"]["overlapping_turns"] = lockstep.overlaps(spans)  # 0: one side at a time, as meant
-    resident_blocks = block_medians(again)
+    resident_blocks = blocks("resident")
+    resident_step = median_step(again)
+    if k > 1:
+        resident_pool = {}
+        pool(resident_pool, "resident")
+        model["interleave"]["resident_processes"] = resident_pool["processes"]
+        resident_step = resident_pool["step_s"]
     for c, f, _ in cases:
         ls = got.get(("layerswap", f))
         if ls is not None:
             fill_layerswap(c, ls, resident)
-            c["interleave"] = paired_ratios(block_medians(ls), resident_blocks)
+            pool(c, ("layerswap", f))
+            c["interleave"] = paired_ratios(blocks(("layerswap", f)), resident_blocks)
         for peer in PEERS:
             r = got.get((peer, f))
             if r is None:
                 continue
             capped = r.get("capped", cuda)
             p = peer_summary(r, c["budget_bytes"], capped, resident, cuda, r.get("first_error"))
-            p["interleave"] = paired_ratios(block_medians(r), resident_blocks)
+            pool(p, (peer, f))
+            p["interleave"] = paired_ratios(blocks((peer, f)), resident_blocks)
             if ls is not None:
-                p["interleave"]["layerswap_speedup"] = paired_ratios(block_medians(r), block_medians(ls))
+                p["interleave"]["layerswap_speedup"] = paired_ratios(blocks((peer, f)), blocks(("layerswap", f)))
             c["peers"][peer] = p
-    model["resident_step_s_runs"] = [median_step(again)]
-    if median_step(again) is not None:
-        set_resident(res, case, model, median_step(again))
+    model["resident_step_s_runs"] = [resident_step]
+    if resident_step is not None:
+        set_resident(res, case, model, resident_step)
     for c, _, _ in cases:
         for p in c["peers"].values():
             if p.get("step_s") and c.get("step_s"):
@@ -1502,6 +1617,15 @@ def block_medians(r):
     """Per block of an interleaved run: the median of its steps after the first (the first follows a pause)."""
     blocks = (((r or {}).get("train") or {}).get("lockstep") or {}).get("blocks") or []
     return [statistics.median(b[1:]) if len(b) > 1 else None for b in blocks]
+
+
+def pooled_blocks(per_process):
+    """Per cycle, the median over processes of their block medians (None where every process lacks the block)."""
+    out = []
+    for i in range(max((len(b) for b in per_process), default=0)):
+        xs = [b[i] for b in per_process if i < len(b) and b[i] is not None]
+        out.append(statistics.median(xs) if xs else None)
+    return out
 
 
 def paired_ratios(side, ref):
@@ -1714,10 +1838,18 @@ def print_table(res):
         runs = m.get("resident_step_s_runs")
         il = m.get("interleave")
         if il:
-            print(f"    interleaved: {il['cycles']} cycles of {il['block']} steps per side; the resident run alone "
+            k = il.get("processes_per_side", 1)
+            pooled = f" ({k} processes per side, pooled: per cycle the median of their blocks)" if k > 1 else ""
+            print(f"    interleaved: {il['cycles']} cycles of {il['block']} steps per side{pooled}; the resident run alone "
                   f"took {sec(il.get('resident_step_s_alone'))} s, interleaved {sec(m.get('resident_step_s'))} s "
                   f"(its losses {'equal' if il.get('resident_losses_equal_alone') else 'DIFFER'}); turns that "
                   f"overlapped another side's: {il.get('overlapping_turns')}")
+            for c in res["cases"]:
+                sides = [("layerswap", c)] + list(c.get("peers", {}).items()) if c["model"] == case else []
+                for side, x in sides:
+                    if x.get("processes"):
+                        print(f"      {side} {c['budget_fraction']:g}: processes "
+                              f"{', '.join(sec(p['step_s']) for p in x['processes'])} s")
         elif runs and None not in runs and len(runs) > 2:
             print(f"    resident runs: {', '.join(sec(x) for x in runs)} s over {m.get('rounds')} rounds; the mean is "
                   f"the resident step")
@@ -1813,6 +1945,11 @@ def parse_args(argv=None):
                         "(bench/lockstep.py): the sides' timed steps interleave a few seconds apart, so the machine's "
                         "drift falls on all alike; every step figure then comes from these processes. CYCLES is "
                         "raised to make at least --steps steps (default 0: off, one process after another)")
+    p.add_argument("--processes", type=int, default=1, metavar="K",
+                   help="with --interleave: K processes of every side, all taking turns; a side's step and its paired "
+                        "ratios are then pooled over its processes (per cycle, the median of their block medians), and "
+                        "each process's step and losses check are kept (default 1). One process of a side can sit 5-13%% "
+                        "from another on the H200 (bench/process_spread.py)")
     p.add_argument("--block", type=int, default=3,
                    help="with --interleave: steps per turn (default 3; the first of each is left out, it follows a "
                         "pause)")
@@ -1844,6 +1981,9 @@ def parse_args(argv=None):
                 f"steps >= 2, got {args.block}")
     if args.interleave and args.rounds > 1:
         p.error("--interleave and --rounds are two ways to repeat the sides: give one")
+    if args.processes < 1 or (args.processes > 1 and not args.interleave):
+        p.error(f"--processes takes a number of processes per side >= 1, got {args.processes}, and more than one "
+                f"needs --interleave")
     env = {}
     for item in args.ls_env:
         name, sep, value = item.partition("=")

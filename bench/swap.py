@@ -591,15 +591,32 @@ def self_test_rounds():
     return 9
 
 
+class _InterleaveFakeRunner:
+    """The self-tests' runner for --interleave: the H2D and resident runs of a four-group model alone; the
+    subclasses give interleave()."""
+    GROUPS = [{"name": f"layer.{i}", "frozen_bytes": 200, "trainable_bytes": 4, "grad_bytes": 4, "state_bytes": 8,
+               "bwd_reads": True} for i in range(4)]
+    LOSSES = [float(x).hex() for x in (2.5, 2.25, 2.0, 1.75, 1.5, 1.25, 1.0)]
+
+    def __init__(self, args, tmpdir):
+        pass
+
+    def run(self, side, run_cfg=None, env=None, tag=None, **extra):
+        if side == "h2d":
+            return {"device": "Fake GPU", "h2d_gbps": 1.0, "d2h_gbps": 1.0, "torch": "x", "cuda": "y"}
+        assert side == "resident", side
+        return {"groups": self.GROUPS, "transient_bytes": 100, "params": 1, "device": "Fake GPU",
+                "train": {"losses_hex": self.LOSSES, "median_step_s": 0.5, "step_times_s": [0.5] * 7, "warmup": 1},
+                "peak_allocated": 10 ** 4}
+
+
 def self_test_interleave():
     """--interleave: after the resident run alone, the sides are handed to the runner together; the case's figures
     come from the interleaved runs (continuous-step medians, the interleaved resident), with paired ratios."""
     import contextlib
     import io
 
-    groups = [{"name": f"layer.{i}", "frozen_bytes": 200, "trainable_bytes": 4, "grad_bytes": 4, "state_bytes": 8,
-               "bwd_reads": True} for i in range(4)]
-    losses = [float(x).hex() for x in (2.5, 2.25, 2.0, 1.75, 1.5, 1.25, 1.0)]
+    losses = _InterleaveFakeRunner.LOSSES
     handed = {}
     clock = iter(range(100))
 
@@ -612,18 +629,7 @@ def self_test_interleave():
         lockstep_medians(record, 1)
         return record
 
-    class FakeRunner:
-        def __init__(self, args, tmpdir):
-            pass
-
-        def run(self, side, run_cfg=None, env=None, tag=None, **extra):
-            if side == "h2d":
-                return {"device": "Fake GPU", "h2d_gbps": 1.0, "d2h_gbps": 1.0, "torch": "x", "cuda": "y"}
-            assert side == "resident", side
-            return {"groups": groups, "transient_bytes": 100, "params": 1, "device": "Fake GPU",
-                    "train": {"losses_hex": losses, "median_step_s": 0.5, "step_times_s": [0.5] * 7, "warmup": 1},
-                    "peak_allocated": 10 ** 4}
-
+    class FakeRunner(_InterleaveFakeRunner):
         def interleave(self, members, cycles, block):
             handed.update({m["key"]: m for m in members})
             assert cycles == 3 and block == 2
@@ -679,9 +685,7 @@ def self_test_processes():
     import contextlib
     import io
 
-    groups = [{"name": f"layer.{i}", "frozen_bytes": 200, "trainable_bytes": 4, "grad_bytes": 4, "state_bytes": 8,
-               "bwd_reads": True} for i in range(4)]
-    losses = [float(x).hex() for x in (2.5, 2.25, 2.0, 1.75, 1.5, 1.25, 1.0)]
+    losses = _InterleaveFakeRunner.LOSSES
     handed = {}
 
     def train(values, hexes=losses):  # one block per value: a first step (left out), then the value
@@ -692,17 +696,7 @@ def self_test_processes():
         lockstep_medians(record, 1)
         return record
 
-    class FakeRunner:
-        def __init__(self, args, tmpdir):
-            pass
-
-        def run(self, side, run_cfg=None, env=None, tag=None, **extra):
-            if side == "h2d":
-                return {"device": "Fake GPU", "h2d_gbps": 1.0, "d2h_gbps": 1.0, "torch": "x", "cuda": "y"}
-            return {"groups": groups, "transient_bytes": 100, "params": 1, "device": "Fake GPU",
-                    "train": {"losses_hex": losses, "median_step_s": 0.5, "step_times_s": [0.5] * 7, "warmup": 1},
-                    "peak_allocated": 10 ** 4}
-
+    class FakeRunner(_InterleaveFakeRunner):
         def interleave(self, members, cycles, block):
             handed.update({m["key"]: m for m in members})
             values = {"resident": [[0.10, 0.10, 0.10], [0.12, 0.11, 0.13], [0.20, 0.30, 0.10]],

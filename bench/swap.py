@@ -591,6 +591,20 @@ def self_test_rounds():
     return 9
 
 
+def _assert_rejected(*argvs):
+    """Each argument list must make parse_args exit with a usage error."""
+    import contextlib
+    import io
+
+    for bad in argvs:
+        with contextlib.redirect_stderr(io.StringIO()):
+            try:
+                parse_args(bad)
+            except SystemExit:
+                continue
+        raise AssertionError(f"accepted {bad}")
+
+
 class _InterleaveFakeRunner:
     """The self-tests' runner for --interleave: the H2D and resident runs of a four-group model alone; the
     subclasses give interleave()."""
@@ -668,13 +682,8 @@ def self_test_interleave():
     assert acc["losses_bitwise_equal"] is False and bs["losses_bitwise_equal"] is True
     assert c50["peers"] == {} and c50["step_s"] == 0.13 and model["interleave"]["overlapping_turns"] == 0
     assert "paired per cycle" in text.getvalue() and "interleaved: 3 cycles" in text.getvalue()
-    for bad in (["--interleave", "2", "--rounds", "2"], ["--interleave", "2", "--block", "1"], ["--interleave", "-1"]):
-        with contextlib.redirect_stderr(io.StringIO()):
-            try:
-                parse_args(bad)
-            except SystemExit:
-                continue
-        raise AssertionError(f"accepted {bad}")
+    _assert_rejected(["--interleave", "2", "--rounds", "2"], ["--interleave", "2", "--block", "1"],
+                     ["--interleave", "-1"])
     import lockstep
     return 13 + lockstep.self_test()
 
@@ -714,7 +723,8 @@ def self_test_processes():
     with contextlib.redirect_stdout(io.StringIO()):
         res = run_all(args, runner_class=FakeRunner)
         print_table(res)
-    assert len(handed) == 9 and ("resident", 2) in handed and (("layerswap", 0.25), 1) in handed, sorted(map(str, handed))
+    assert len(handed) == 9 and ("resident", 2) in handed and (("layerswap", 0.25), 1) in handed, sorted(
+        map(str, handed))
     assert handed[(("block_swap", 0.25), 2)]["uncapped"]["key"] == (("block_swap", 0.25), 2)
     (c,) = res["cases"]
     model = res["models"]["llama-lora"]
@@ -730,13 +740,7 @@ def self_test_processes():
     assert bs["step_s"] == 0.25 and bs["losses_bitwise_equal"] is False, bs  # process 2's losses differ
     assert [p["losses_bitwise_equal"] for p in bs["processes"]] == [True, True, False], bs["processes"]
     assert abs(bs["layerswap_speedup"] - 0.25 / 0.13) < 1e-9, bs
-    for bad in (["--processes", "2"], ["--interleave", "2", "--processes", "0"]):
-        with contextlib.redirect_stderr(io.StringIO()):
-            try:
-                parse_args(bad)
-            except SystemExit:
-                continue
-        raise AssertionError(f"accepted {bad}")
+    _assert_rejected(["--processes", "2"], ["--interleave", "2", "--processes", "0"])
     return 12
 
 

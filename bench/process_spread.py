@@ -15,7 +15,6 @@ parser (--pin-threads is always on). Needs layerswap installed and a GPU."""
 import json
 import os
 import pathlib
-import statistics
 import sys
 import tempfile
 
@@ -49,8 +48,7 @@ def members(args):
 
 def pooled(blocks, side):
     """Per cycle, the median over the side's processes of their block medians."""
-    per = [blocks[f"{side}#{i}"] for i in range(K) if blocks.get(f"{side}#{i}")]
-    return [statistics.median(x) for x in zip(*per)] if per else []
+    return swap.pooled_blocks([blocks[f"{side}#{i}"] for i in range(K) if blocks.get(f"{side}#{i}")])
 
 
 def pairs(blocks, side, ref, out):

@@ -5,10 +5,11 @@ grants access to and unmaps an allocation at a VA no kernel uses, busy --duty of
 memory (an eviction's remap, the dear kind), "device" device memory (a prefetch's); or that queries a completed event
 ("query": a move's polling) or records one on a stream of its own ("record": a fence); "host-ctx" and "device-ctx"
 make the remaps in a context the thread creates, not PyTorch's (primary) one, "host-green" and "device-green" in a
-green context it creates (one over all the SMs: it shares the primary context's memory). Nothing moves and no kernel
-reads that memory, so a slower step or more CPU in the launching threads is what the driver's shared state costs
-them. The
-load thread is named layerswap-move, so --pin-threads (the default) puts it on the core the engine's thread gets.
+green context it creates (one over all the SMs: it shares the primary context's memory), "host-none" and
+"device-none" with no context current at all. Nothing moves and no kernel reads that memory, so a slower step or more
+CPU in the launching threads is what the driver's shared state costs them. Each kind of context the modes name is
+first checked: a mapping made there must serve the primary context. The load thread is named layerswap-move, so
+--pin-threads (the default) puts it on the core the engine's thread gets.
 Prints, per row, the median step, the issue time and the launching threads' CPU per step with ratios to the mean of
 the "off" rows; --out writes JSON.
 
@@ -32,7 +33,8 @@ import swap_models as sm  # noqa: E402
 
 # The load thread's modes (vmm_load.cpp, run()): remaps of device or host memory, event queries, event records.
 LOAD_MODES = {"device": 0, "host": 1, "query": 2, "record": 3, "device-ctx": 4, "host-ctx": 5, "device-green": 6,
-              "host-green": 7}
+              "host-green": 7, "device-none": 8, "host-none": 9}
+CROSS_KINDS = {"ctx": 0, "green": 1, "none": 2}  # vmm_cross_context_check's kind
 
 
 def build_load(out_dir):
@@ -79,11 +81,11 @@ def main(argv=None):
         built = sm.build_case(cfg)
         torch.cuda.synchronize()
         cross = {}
-        for kind in ("ctx", "green"):
+        for kind in CROSS_KINDS:
             if not any(m.endswith("-" + kind) for m in a.modes.split(",")):
                 continue
             ctx_bytes = ctypes.c_longlong()
-            err = so.vmm_cross_context_check(ctypes.byref(ctx_bytes), int(kind == "green"))
+            err = so.vmm_cross_context_check(ctypes.byref(ctx_bytes), CROSS_KINDS[kind])
             cross[kind] = {"error": err, "context_device_bytes": ctx_bytes.value}
             print(f"cross-context check ({kind}): "
                   f"{'mappings serve the primary context' if err == 0 else f'error {err}'}; "
@@ -102,7 +104,7 @@ def main(argv=None):
                     raise SystemExit(f"the load thread failed (error {err}, see vmm_load.cpp)")
                 row["load_rounds"] = rounds.value
                 row["load_busy_s"] = busy.value
-                if mode in ("device", "host", "device-ctx", "host-ctx", "device-green", "host-green"):
+                if mode.split("-")[0] in ("device", "host"):
                     row["load_us_per_mib"] = busy.value * 1e6 / max(1, rounds.value) / a.mib
                 else:
                     row["load_us_per_call"] = busy.value * 1e6 / max(1, rounds.value)

@@ -2,10 +2,11 @@
 // allocation at a VA of its own, sets the device's access and unmaps it (a remap), or queries or records an event
 // (a move's polling and fences), again and again, busy for `duty` of the time, in the process's primary context
 // (PyTorch's), or for the remaps in a context of its own (modes 4 and 5: is what the launches wait for the
-// context's or the device's?) or in a green context made from the device's SMs (modes 6 and 7: the lighter kind).
+// context's or the device's?), in a green context made from the device's SMs (modes 6 and 7: the lighter kind),
+// or with no context current at all (modes 8 and 9: the VMM calls name no context).
 // No kernel touches that VA or waits for that event, so the calls can only cost the program's threads through the
 // driver (its locks, its caches). vmm_cross_context_check() says whether a mapping made in a context of its own (or
-// a green one) serves the primary context. Built by the probe with g++ on the GPU machine:
+// a green one, or with none current) serves the primary context. Built by the probe with g++ on the GPU machine:
 //   g++ -O2 -std=c++20 -shared -fPIC vmm_load.cpp -I/usr/local/cuda/include -lcuda -lpthread -o libvmm_load.so
 #include <cuda.h>
 #include <pthread.h>
@@ -50,16 +51,19 @@ int make_green(CUdevice dev, CUgreenCtx* green, CUcontext* ctx) {
 
 // `mode`: 0 maps device memory, 1 host-located memory (map, set access, unmap: one round); 2 queries a completed
 // event, 3 records an event on a stream of its own (one call a round); 4 and 5 are 0 and 1 in a context the
-// thread creates (not the primary one), 6 and 7 in a green context the thread creates. Rounds run back to back for
+// thread creates (not the primary one), 6 and 7 in a green context the thread creates, 8 and 9 with no context
+// current (the setup in the primary one, then cuCtxSetCurrent(nullptr)). Rounds run back to back for
 // at least 100 us, then the thread sleeps for (1 - duty) / duty of that time.
 int run(load_state& s, int mode, std::size_t mib, double duty) {
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
   CUgreenCtx green = nullptr;
   const bool own = mode == 4 || mode == 5;
-  const bool is_green = mode >= 6;
+  const bool none = mode == 8 || mode == 9;
+  const bool is_green = mode == 6 || mode == 7;
   if (own) mode -= 4;
   if (is_green) mode -= 6;
+  if (none) mode -= 8;
   if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS) return 1;
   if (is_green) {
     if (make_green(dev, &green, &ctx) != 0 || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return 1;
@@ -91,6 +95,7 @@ int run(load_state& s, int mode, std::size_t mib, double duty) {
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = dev;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (none && cuCtxSetCurrent(nullptr) != CUDA_SUCCESS) return 4;
   int error = 0;
   while (!s.stop.load(std::memory_order_relaxed) && error == 0) {
     const std::uint64_t t0 = now_ns();
@@ -117,6 +122,7 @@ int run(load_state& s, int mode, std::size_t mib, double duty) {
       std::this_thread::sleep_for(std::chrono::nanoseconds(idle));
     }
   }
+  if (none) cuCtxSetCurrent(ctx);
   cuStreamSynchronize(stream);
   cuEventDestroy(event);
   cuStreamDestroy(stream);
@@ -128,11 +134,11 @@ int run(load_state& s, int mode, std::size_t mib, double duty) {
 }
 
 // Maps device memory and host-located memory at VAs of their own from a context created here (a green one when
-// `green`), then, in the primary context (current on the calling thread), fills each through its VA with
-// cuMemsetD32 and reads it back.
+// `green`; with `none`, no context current at all), then, in the primary context (current on the calling thread),
+// fills each through its VA with cuMemsetD32 and reads it back.
 // Returns 0 when both read back right; 10+ a setup failure, 20+ a wrong read; writes the device memory the
 // context took (cuMemGetInfo's free before and after it was made and used) to *ctx_bytes.
-int check_cross_context(long long* ctx_bytes, bool green) {
+int check_cross_context(long long* ctx_bytes, bool green, bool none) {
   CUdevice dev = 0;
   CUcontext primary = nullptr;
   if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
@@ -143,7 +149,9 @@ int check_cross_context(long long* ctx_bytes, bool green) {
   cuMemGetInfo(&free0, &total);
   CUcontext own = nullptr;
   CUgreenCtx green_ctx = nullptr;
-  if (green ? make_green(dev, &green_ctx, &own) != 0 || cuCtxSetCurrent(own) != CUDA_SUCCESS
+  if (none) {
+    if (cuCtxSetCurrent(nullptr) != CUDA_SUCCESS) return 11;
+  } else if (green ? make_green(dev, &green_ctx, &own) != 0 || cuCtxSetCurrent(own) != CUDA_SUCCESS
             : cuCtxCreate(&own, nullptr, 0, dev) != CUDA_SUCCESS) {  // now current
     return 11;
   }
@@ -164,8 +172,8 @@ int check_cross_context(long long* ctx_bytes, bool green) {
     if (cuMemMap(vas[i], size, 0, handles[i], 0) != CUDA_SUCCESS) return 14;
     if (cuMemSetAccess(vas[i], size, &access, 1) != CUDA_SUCCESS) return 15;
   }
-  cuCtxSynchronize();
-  if (!green) {
+  if (!none) cuCtxSynchronize();
+  if (!green && !none) {
     CUcontext popped = nullptr;
     cuCtxPopCurrent(&popped);
   }
@@ -195,7 +203,7 @@ int check_cross_context(long long* ctx_bytes, bool green) {
   }
   if (green) {
     cuGreenCtxDestroy(green_ctx);
-  } else {
+  } else if (!none) {
     cuCtxDestroy(own);
   }
   cuCtxSetCurrent(primary);
@@ -218,7 +226,8 @@ int vmm_load_start(int mode, unsigned long long mib, double duty) {
   return 0;
 }
 
-int vmm_cross_context_check(long long* ctx_bytes, int green) { return check_cross_context(ctx_bytes, green != 0); }
+// `kind`: 0 a context of its own, 1 a green one, 2 none current.
+int vmm_cross_context_check(long long* ctx_bytes, int kind) { return check_cross_context(ctx_bytes, kind == 1, kind == 2); }
 
 // Stops it; writes its rounds and busy seconds, returns its error (0: none; 1-4: setup; 5: a VMM call failed).
 int vmm_load_stop(unsigned long long* rounds, double* busy_s) {

@@ -227,7 +227,9 @@ int vmm_load_start(int mode, unsigned long long mib, double duty) {
 }
 
 // `kind`: 0 a context of its own, 1 a green one, 2 none current.
-int vmm_cross_context_check(long long* ctx_bytes, int kind) { return check_cross_context(ctx_bytes, kind == 1, kind == 2); }
+int vmm_cross_context_check(long long* ctx_bytes, int kind) {
+  return check_cross_context(ctx_bytes, kind == 1, kind == 2);
+}
 
 // Stops it; writes its rounds and busy seconds, returns its error (0: none; 1-4: setup; 5: a VMM call failed).
 int vmm_load_stop(unsigned long long* rounds, double* busy_s) {

@@ -281,6 +281,7 @@ PYBIND11_MODULE(_C, m) {
     d["launch_api_calls"] = s.launch_api_calls;
     d["launch_driver_s"] = static_cast<double>(s.launch_driver_ns) * 1e-9;
     d["recent_dropped"] = s.recent_dropped;
+    d["consumer_sleeps"] = s.consumer_sleeps;
     d["trace_written"] = s.trace_written;
     d["trace_skipped"] = s.trace_skipped;
     d["functions"] = s.functions;

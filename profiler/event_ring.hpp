@@ -37,7 +37,8 @@ class event_ring {
       const std::size_t sequence = c.sequence.load(std::memory_order_acquire);
       const auto diff = static_cast<std::intptr_t>(sequence) - static_cast<std::intptr_t>(position);
       if (diff == 0) {
-        if (tail_.compare_exchange_weak(position, position + 1, std::memory_order_relaxed)) {
+        // seq_cst: one side of tracker_core's Note [Idle consumer] (on x86 the same locked instruction as relaxed).
+        if (tail_.compare_exchange_weak(position, position + 1, std::memory_order_seq_cst, std::memory_order_relaxed)) {
           fill(c.value);
           c.sequence.store(position + 1, std::memory_order_release);
           return true;
@@ -52,6 +53,10 @@ class event_ring {
   bool try_push(const T& value) noexcept {
     return try_emplace([&](T& slot) { slot = value; });
   }
+
+  // The one consumer (or whoever holds its lock): whether no record was claimed since it last popped. A seq_cst
+  // load of the tail, whose claims are compare-exchanges (tracker_core.hpp, Note [Idle consumer]).
+  [[nodiscard]] bool nothing_claimed() const noexcept { return tail_.load(std::memory_order_seq_cst) == head_; }
 
   // The one consumer. False when empty (or the next record is still being written).
   bool try_pop(T& out) noexcept {

@@ -46,8 +46,8 @@ tracker_core::~tracker_core() {
   close_trace();
 }
 
-std::uint64_t tracker_core::record(launch_kind kind, std::uint64_t stream, std::uint32_t kernel, undecoded_reason reason,
-                          const region_set& regions) noexcept {
+std::uint64_t tracker_core::record(launch_kind kind, std::uint64_t stream, std::uint32_t kernel,
+                                   undecoded_reason reason, const region_set& regions) noexcept {
   const std::uint64_t launch = next_launch_.fetch_add(1, std::memory_order_relaxed);
   const std::uint64_t time = stamp_ ? now_ns() : 0;  // only the trace reads it
   int done = 0;
@@ -67,12 +67,23 @@ std::uint64_t tracker_core::record(launch_kind kind, std::uint64_t stream, std::
     });
     if (!pushed) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
-      return launch;
+      break;
     }
     done += n;
     first = false;
   } while (done < regions.count);
+  if (consumer_asleep_.load(std::memory_order_seq_cst)) [[unlikely]] wake_consumer();  // Note [Idle consumer]
   return launch;
+}
+
+void tracker_core::wake_consumer() noexcept {
+  if (!consumer_asleep_.exchange(false)) return;  // another producer woke it
+  // Through the consumer's mutex, so that the wake cannot fall between its look at the flag and its wait.
+  try {
+    std::lock_guard lock(thread_mutex_);
+  } catch (...) {  // cannot lock: the consumer still wakes at the end of its sleep
+  }
+  wake_.notify_one();
 }
 
 void tracker_core::consume_one_locked(const access_event& e) {
@@ -133,6 +144,7 @@ void tracker_core::start_consumer() {
   thread_ = std::thread([this] {
     name_this_thread("layerswap-learn");
     std::unique_lock lock(thread_mutex_);
+    int empty_polls = 0;
     while (!stopping_) {
       lock.unlock();
       std::size_t n = 0;
@@ -141,10 +153,33 @@ void tracker_core::start_consumer() {
       } catch (...) {
       }
       lock.lock();
-      // Producers never signal (that would be a syscall on the hot path): poll. Note [Consumer pacing]
-      if (n < ring_.capacity() / 4) wake_.wait_for(lock, std::chrono::milliseconds(1));
+      if (n >= ring_.capacity() / 4) continue;
+      empty_polls = n == 0 ? empty_polls + 1 : 0;
+      if (empty_polls < k_idle_polls) {
+        // Busy producers never signal (that would be a syscall on the hot path): poll. Note [Consumer pacing]
+        wake_.wait_for(lock, std::chrono::milliseconds(1));
+        continue;
+      }
+      // Note [Idle consumer]: the mark, then a last look at the ring, then a long wait that a producer ends.
+      consumer_asleep_.store(true, std::memory_order_seq_cst);
+      if (!ring_empty()) {
+        consumer_asleep_.store(false, std::memory_order_relaxed);
+        empty_polls = 0;
+        continue;
+      }
+      consumer_sleeps_.fetch_add(1, std::memory_order_relaxed);
+      wake_.wait_for(lock, options_.idle_sleep,
+                     [this] { return stopping_ || !consumer_asleep_.load(std::memory_order_relaxed); });
+      consumer_asleep_.store(false, std::memory_order_relaxed);
+      empty_polls = 0;
     }
   });
+}
+
+// Whether no record was claimed since the last consume() (under the consumer's mutex: head is its).
+bool tracker_core::ring_empty() {
+  std::lock_guard lock(mutex_);
+  return ring_.nothing_claimed();
 }
 
 void tracker_core::stop_consumer() noexcept {
@@ -165,6 +200,7 @@ tracker_stats tracker_core::stats() {
   s.launch_api_ns = fast_clock::to_ns(launch_api_ticks_.load(std::memory_order_relaxed));
   s.launch_api_calls = launch_api_calls_.load(std::memory_order_relaxed);
   s.launch_driver_ns = fast_clock::to_ns(launch_driver_ticks_.load(std::memory_order_relaxed));
+  s.consumer_sleeps = consumer_sleeps_.load(std::memory_order_relaxed);
   s.trace_written = trace_.written();
   s.trace_skipped = trace_.skipped();
   s.functions = layouts_.functions();

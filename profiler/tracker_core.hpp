@@ -14,12 +14,25 @@
 //   for the core itself. At a launch per microsecond a millisecond is a thousand events, a thirtieth of the
 //   ring; the learner and the residency engine plan in steps of milliseconds or more.
 //
+// Note [Idle consumer]
+//   A process that launches nothing (waiting for data, between runs, a notebook between cells, a side of an
+//   interleaved benchmark waiting for its turn) would still wake its consumer a thousand times a second. After
+//   k_idle_polls empty polls in a row the consumer marks itself asleep and waits up to options.idle_sleep; the
+//   next record() that sees the mark wakes it. The consumer stores the mark, then looks at the ring's tail; a
+//   producer claims its cell (a compare-exchange on the tail), then looks at the mark; all four are seq_cst, so
+//   either the consumer sees the new event and stays awake or the producer sees the mark and wakes it (through
+//   the consumer's mutex, so the wake cannot fall between the consumer's look at the mark and its wait). A wake
+//   lost anyway would cost at most idle_sleep of delay, never an event. The producer's look is one load from the
+//   line of the launch counter, which it has just written; on x86 the seq_cst claim is the same locked
+//   instruction as a relaxed one.
+//
 // Consumer (a background thread started with start_consumer(), or any caller of consume(), serialized by a
 // mutex): drains the ring into the statistics, the bounded recent-events buffer that drain() hands to tests
 // and benchmarks, the learner (set_learner(): step period and forecast, learner.hpp), and the trace file.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -44,6 +57,7 @@ struct tracker_options {
   std::size_t recent_capacity = std::size_t{1} << 18;  // launches kept for drain()
   std::string trace_path;                              // "" = no trace file
   std::uint64_t trace_max_events = 2'000'000;          // about 300 MB of JSON
+  std::chrono::milliseconds idle_sleep{200};           // the idle consumer's longest sleep (Note [Idle consumer])
 };
 
 struct tracker_stats {
@@ -63,6 +77,7 @@ struct tracker_stats {
   std::uint64_t launch_driver_ns = 0; // the part of launch_api_ns after the tracker's entry callback returned:
                                       // the driver's own work, CUPTI's exit dispatch and any wait in the driver
   std::uint64_t recent_dropped = 0;   // launches pushed out of the recent buffer before drain()
+  std::uint64_t consumer_sleeps = 0;  // times the consumer fell asleep for want of launches (Note [Idle consumer])
   std::uint64_t trace_written = 0;
   std::uint64_t trace_skipped = 0;
   std::size_t functions = 0;          // kernels in the layout cache
@@ -120,11 +135,17 @@ class tracker_core {
 
  private:
   void consume_one_locked(const access_event& event);
+  void wake_consumer() noexcept;  // record() found the consumer asleep
+  bool ring_empty();
+  static constexpr int k_idle_polls = 16;  // empty polls in a row (about 16 ms) before the consumer sleeps
 
   tracker_options options_;
   layout_cache layouts_;
   event_ring<access_event> ring_;
   std::atomic<std::uint64_t> next_launch_{1};
+  // Note [Idle consumer]: set by the consumer as it falls asleep, cleared by whoever wakes it. Beside the launch
+  // counter, whose line every record() writes anyway: looking at the mark touches no other line.
+  std::atomic<bool> consumer_asleep_{false};
   std::atomic<std::uint64_t> dropped_{0};
   std::atomic<std::uint64_t> nested_{0};
   std::atomic<std::uint64_t> launch_api_ticks_{0};
@@ -132,6 +153,7 @@ class tracker_core {
   std::atomic<std::uint64_t> launch_driver_ticks_{0};
   std::uint64_t origin_ns_ = 0;
   bool stamp_ = false;  // whether record() reads the clock (a trace is written)
+  std::atomic<std::uint64_t> consumer_sleeps_{0};
 
   std::mutex mutex_;  // the consumer side
   tracker_stats stats_;

@@ -555,6 +555,33 @@ TEST(TrackerCore, ConsumerThreadWithConcurrentProducers) {
   }
 }
 
+// Note [Idle consumer]: with nothing recorded the consumer falls asleep (and stays asleep: its sleep here is 10 s);
+// the next record() wakes it, and it falls asleep again once idle; stopping it does not wait for the sleep's end.
+TEST(TrackerCore, IdleConsumerSleepsUntilTheNextLaunch) {
+  using namespace std::chrono_literals;
+  tracker_options options;
+  options.idle_sleep = 10s;
+  tracker_core core(options);
+  const auto sleeps_reach = [&](std::uint64_t n, std::chrono::milliseconds within) {
+    const auto deadline = std::chrono::steady_clock::now() + within;
+    while (core.stats().consumer_sleeps < n) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(2ms);
+    }
+    return true;
+  };
+  core.start_consumer();
+  ASSERT_TRUE(sleeps_reach(1, 5000ms)) << "the consumer never fell asleep";
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(core.stats().consumer_sleeps, 1u) << "an idle consumer kept waking";
+  core.record(launch_kind::kernel, 0, 0, undecoded_reason::none, regions_of({1}));
+  EXPECT_TRUE(sleeps_reach(2, 3000ms)) << "the launch did not wake the consumer";
+  const auto start = std::chrono::steady_clock::now();
+  core.stop_consumer();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s) << "stopping waited for the sleep";
+  EXPECT_EQ(core.stats().launches, 1u);
+}
+
 // ---- the trace file ----
 
 // The residency engine's own work on its streams (copies, and the digest kernels of residency.cpp's Note

@@ -170,8 +170,9 @@ void tracker_core::start_consumer() {
       consumer_sleeps_.fetch_add(1, std::memory_order_relaxed);
       wake_.wait_for(lock, options_.idle_sleep,
                      [this] { return stopping_ || !consumer_asleep_.load(std::memory_order_relaxed); });
-      consumer_asleep_.store(false, std::memory_order_relaxed);
-      empty_polls = 0;
+      // Woken by a launch: poll again. At the end of the sleep: one poll, and asleep again if it finds nothing.
+      const bool woken = !consumer_asleep_.exchange(false, std::memory_order_relaxed);
+      empty_polls = woken ? 0 : k_idle_polls - 1;
     }
   });
 }

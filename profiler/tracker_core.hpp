@@ -17,7 +17,8 @@
 // Note [Idle consumer]
 //   A process that launches nothing (waiting for data, between runs, a notebook between cells, a side of an
 //   interleaved benchmark waiting for its turn) would still wake its consumer a thousand times a second. After
-//   k_idle_polls empty polls in a row the consumer marks itself asleep and waits up to options.idle_sleep; the
+//   k_idle_polls empty polls in a row the consumer marks itself asleep and waits up to options.idle_sleep (then
+//   polls once and sleeps again if the ring is still empty: five wakes a second instead of a thousand); the
 //   next record() that sees the mark wakes it. The consumer stores the mark, then looks at the ring's tail; a
 //   producer claims its cell (a compare-exchange on the tail), then looks at the mark; all four are seq_cst, so
 //   either the consumer sees the new event and stays awake or the producer sees the mark and wakes it (through

@@ -582,6 +582,20 @@ TEST(TrackerCore, IdleConsumerSleepsUntilTheNextLaunch) {
   EXPECT_EQ(core.stats().launches, 1u);
 }
 
+// At the end of an idle sleep with nothing recorded the consumer polls once and sleeps again at once, rather than
+// polling k_idle_polls times first.
+TEST(TrackerCore, IdleConsumerSleepsAgainAtTheEndOfItsSleep) {
+  using namespace std::chrono_literals;
+  tracker_options options;
+  options.idle_sleep = 10ms;
+  tracker_core core(options);
+  core.start_consumer();
+  std::this_thread::sleep_for(500ms);
+  core.stop_consumer();
+  // About 16 ms of polls, then a sleep every 10 ms: ~48 in 500 ms; with 16 polls before each sleep, ~18.
+  EXPECT_GE(core.stats().consumer_sleeps, 30u);
+}
+
 // ---- the trace file ----
 
 // The residency engine's own work on its streams (copies, and the digest kernels of residency.cpp's Note

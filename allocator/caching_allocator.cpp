@@ -36,8 +36,8 @@
 //   became idle (recorded streams were waited for, Note [record_stream]). So the allocator records an
 //   event on that stream and waits for it. Each pool remembers the free epoch its last fence covered, so a
 //   burst of reclaims waits at most once per stream. With a residency engine, its thread also records fences
-//   without waiting (maintain(): a ring of them per pool, Note [Fence ring]) and notes when they complete, so that a
-//   reclaim usually finds a segment already fenced and waits for nothing, or only for the fence that covers it.
+//   without waiting (maintain(): one in flight per pool) and notes when they complete, so that a reclaim usually
+//   finds a segment already fenced and waits for nothing.
 //
 // Note [record_stream]
 //   A block used on other streams (Tensor.record_stream) is not returned at deallocate(): an event is
@@ -198,49 +198,16 @@ struct idle_list : segment_list<&segment::idle_hook> {
   }
 };
 
-// An asynchronous fence (Note [Unmap fences]): an event recorded on a pool's stream at `epoch`, not waited for.
-struct fence {
-  event_handle event = nullptr;
-  std::uint64_t epoch = 0;
-};
-
-// Note [Fence ring]
-//   A pool keeps up to k_fence_ring asynchronous fences in flight, oldest first, and the migration thread records a
-//   new one in any round that finds segments gone idle since the newest. A reclaim that must wait for a segment's
-//   work waits for the oldest fence that covers it, not for a fence recorded now. When the GPU runs behind the
-//   launching threads (a step bound by the GPU), a fence recorded now completes only once everything enqueued so far
-//   has run: the wait drains the GPU's queue, and the GPU then idles while the program enqueues again. The oldest
-//   covering fence completes as soon as the GPU passes the segment's free. With one fence in flight (before), the
-//   segments freed while it flew were covered only by the next one, recorded after it completed: up to twice the
-//   GPU's lag. Events recorded on one stream complete in the order recorded, so a wait for one fence completes the
-//   fences before it too.
-inline constexpr std::size_t k_fence_ring = 32;
-
 struct stream_pool {
   stream_handle stream = nullptr;
   std::vector<pool_list> free_by_pages;  // cached large segments, indexed by page count
   std::vector<pool_list> partial;        // slabs with a free block, indexed by size class
   std::uint64_t fenced_epoch = 0;        // every segment idle at or before this epoch is fenced
-  // Fences in flight, oldest first, at fences[(fence_first + i) % k_fence_ring] for i < fence_count (Note [Fence
-  // ring]); once one has completed, fenced_epoch catches up with it.
-  std::array<fence, k_fence_ring> fences{};
-  std::size_t fence_first = 0;
-  std::size_t fence_count = 0;
+  // An asynchronous fence (Note [Unmap fences]): recorded on `stream` at epoch `fence_epoch`, not waited for;
+  // once it has completed, fenced_epoch catches up with it.
+  event_handle fence_event = nullptr;
+  std::uint64_t fence_epoch = 0;
   std::uint64_t idle_epoch = 0;  // the newest free_epoch of a segment that went idle in this pool
-
-  [[nodiscard]] fence& fence_at(std::size_t i) noexcept { return fences[(fence_first + i) % k_fence_ring]; }
-  // The epoch the newest fence in flight covers, else the fenced one.
-  [[nodiscard]] std::uint64_t covered_epoch() noexcept {
-    return fence_count ? fence_at(fence_count - 1).epoch : fenced_epoch;
-  }
-  // Drops the oldest fence in flight (it has completed): fenced_epoch catches up; returns its event.
-  event_handle pop_fence() noexcept {
-    const fence f = fence_at(0);
-    fence_first = (fence_first + 1) % k_fence_ring;
-    --fence_count;
-    fenced_epoch = std::max(fenced_epoch, f.epoch);
-    return f.event;
-  }
 };
 
 struct arena {
@@ -453,7 +420,7 @@ caching_allocator::impl::~impl() {
     idle_pages.clear();
     engine.reset();
     for (auto& pool : pools) {
-      while (pool->fence_count) spare_events.push_back(pool->pop_fence());
+      if (pool->fence_event) spare_events.push_back(std::exchange(pool->fence_event, nullptr));
     }
     for (auto& a : arenas) port.unreserve(a->base, a->bytes);
     for (event_handle e : spare_events) port.destroy_event(e);
@@ -742,36 +709,19 @@ detail::device_chunk caching_allocator::impl::gather_chunk_locked(std::size_t n,
   }
 }
 
-// Waits until the work of `seg`'s pool enqueued before it went idle has run: for the oldest fence in flight that
-// covers it (Note [Fence ring]), else for a fence recorded now.
 void caching_allocator::impl::fence_locked(segment* seg) {
   stream_pool* pool = seg->pool;
   if (seg->free_epoch <= pool->fenced_epoch && seg->free_epoch != 0) return;
-  std::size_t covering = pool->fence_count;
-  if (seg->free_epoch != 0) {
-    for (std::size_t i = 0; i < pool->fence_count; ++i) {
-      if (pool->fence_at(i).epoch >= seg->free_epoch) {
-        covering = i;
-        break;
-      }
-    }
-  }
-  const bool in_flight = covering < pool->fence_count;
   const std::uint64_t now = epoch;
-  event_handle e = in_flight ? pool->fence_at(covering).event : take_event_locked();
-  if (!in_flight) port.record(e, pool->stream);
+  event_handle e = take_event_locked();
+  port.record(e, pool->stream);
   if (engine) engine->release_holds_locked();  // the wait may reach a launch held on a prefetch
   const auto start = std::chrono::steady_clock::now();
   port.wait(e);
   st.host_wait_us += elapsed_us(start);
+  spare_events.push_back(e);
   ++st.num_host_waits;
-  if (in_flight) {
-    for (std::size_t i = 0; i <= covering; ++i) spare_events.push_back(pool->pop_fence());  // complete in order
-    fences_wanted = true;
-  } else {
-    spare_events.push_back(e);
-    pool->fenced_epoch = std::max(pool->fenced_epoch, now);
-  }
+  pool->fenced_epoch = std::max(pool->fenced_epoch, now);
 }
 
 void caching_allocator::impl::destroy_segment_locked(segment* seg) {
@@ -1089,12 +1039,13 @@ void caching_allocator::impl::give_room(std::size_t n) {
 std::size_t caching_allocator::impl::idle_bytes() const { return idle.pages << gran_shift; }  // pages or chunks
 
 // Completed asynchronous fences advance their pool's fenced epoch.
-// Completed asynchronous fences advance their pool's fenced epoch (oldest first: they complete in order).
 void caching_allocator::impl::poll_fences_locked() {
   for (auto& pool : pools) {
-    while (pool->fence_count && port.query(pool->fence_at(0).event)) {
-      spare_events.push_back(pool->pop_fence());
-      fences_wanted = true;  // a full ring has room again
+    if (pool->fence_event && port.query(pool->fence_event)) {
+      pool->fenced_epoch = std::max(pool->fenced_epoch, pool->fence_epoch);
+      spare_events.push_back(pool->fence_event);
+      pool->fence_event = nullptr;
+      fences_wanted = true;  // its pool's segments freed since it was recorded want one of their own
     }
   }
 }
@@ -1118,31 +1069,20 @@ void caching_allocator::impl::reclaim_idle(std::size_t n) {
   start_fences_locked();
 }
 
-// An asynchronous fence on each pool that has idle segments not yet covered by a fence (Note [Unmap fences],
-// Note [Fence ring]), so that reclaim_one_locked() and reclaim_idle() find them reclaimable without a host wait, or
-// wait for less. A pool whose newest idle segment is not covered gets a fence: one pass over the pools, not over the
-// idle list (hundreds of segments, read cold by the migration thread every round). A pool whose uncovered segments
-// have all left the idle list since gets one it did not need: an event record.
+// An asynchronous fence on each pool that has idle segments not yet fenced (Note [Unmap fences]), so that
+// reclaim_one_locked() and reclaim_idle() find them reclaimable without a host wait.
+// A pool whose newest idle segment is not fenced gets a fence: one pass over the pools, not over the idle list
+// (hundreds of segments, read cold by the migration thread every round). A pool whose unfenced segments have all
+// left the idle list since gets one it did not need: an event record.
 void caching_allocator::impl::start_fences_locked() {
   if (!fences_wanted) return;
-  bool full = false;
   for (auto& pool : pools) {
-    if (pool->idle_epoch <= pool->covered_epoch()) continue;
-    if (pool->fence_count == k_fence_ring) {
-      full = true;  // again once the oldest has completed (poll_fences_locked)
-      continue;
-    }
-    event_handle e = take_event_locked();
-    try {
-      port.record(e, pool->stream);
-    } catch (...) {
-      spare_events.push_back(e);
-      throw;
-    }
-    pool->fence_at(pool->fence_count) = fence{e, epoch};
-    ++pool->fence_count;
+    if (pool->fence_event || pool->idle_epoch <= pool->fenced_epoch) continue;
+    pool->fence_event = take_event_locked();
+    pool->fence_epoch = epoch;
+    port.record(pool->fence_event, pool->stream);
   }
-  fences_wanted = full;  // every idle segment is fenced or covered by a fence in flight, unless a ring was full
+  fences_wanted = false;  // every idle segment is fenced, or its pool has a fence in flight
 }
 
 void caching_allocator::impl::maintain() {

@@ -296,36 +296,6 @@ TEST(Residency, ChunksAreReusedBySizeAndReleasedForTheBudget) {
   h.expect_clean();
 }
 
-// Note [Fence ring] (caching_allocator.cpp): a reclaim that must wait for an idle segment's work waits for the fence
-// the migration thread recorded after the segment went idle, not for one recorded now, which would wait for all the
-// work enqueued since (on a GPU running behind the program: its whole queue).
-TEST(Residency, AReclaimWaitsForTheFenceThatCoversItsSegmentNotForTheWholeQueue) {
-  harness h(16 * MiB, /*eager=*/false);
-  void* a = h.written(8 * MiB, 0x11);  // a kernel on s1, queued
-  h.alloc.deallocate(a);               // idle, its kernel not run
-  h.alloc.residency_tick();            // the migration thread's round: a fence on s1 after that kernel
-  void* b = h.written(6 * MiB, 0x22);  // another size (a new segment): 14 of 16 held; a kernel on s1 after the fence
-  ASSERT_EQ(h.sim.pending(h.s1), 3u) << "a's kernel, the fence, b's kernel";
-  const std::uint64_t waits = h.alloc.stats().num_host_waits;
-  const std::uint64_t reclaims = h.alloc.stats().num_reclaims;
-  void* c = h.alloc.allocate(4 * MiB, h.s1);  // no room: a is reclaimed, its work not known complete
-  EXPECT_EQ(h.alloc.stats().num_reclaims, reclaims + 1);
-  EXPECT_EQ(h.alloc.stats().num_host_waits, waits + 1);
-  EXPECT_EQ(h.sim.pending(h.s1), 1u) << "the wait should have left b's kernel queued";
-  EXPECT_LE(h.sim.live_device_bytes(), 16 * MiB);
-  h.expect_clean();  // a was unmapped after its kernel ran
-  h.write(h.s1, c, 4 * MiB, 0x33);
-  h.sim.run_all();
-  EXPECT_TRUE(h.holds(b, 6 * MiB, 0x22));
-  EXPECT_TRUE(h.holds(c, 4 * MiB, 0x33));
-  h.alloc.deallocate(c);
-  h.alloc.deallocate(b);
-  h.alloc.residency_tick();
-  h.sim.run_all();
-  h.alloc.empty_cache();
-  h.expect_clean();
-}
-
 // Note [Slabs last] (caching_allocator.cpp): a prefetch short of room reclaims a large idle segment before an idle
 // slab freed earlier, and stops there: the slab stays cached for the program's next small allocation.
 TEST(Residency, APrefetchReclaimsLargeIdleSegmentsBeforeSlabs) {

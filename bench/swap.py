@@ -39,7 +39,8 @@ timeout) records its error text in the case; no figure is ever made up. Results 
 Defaults: 30 steps per run, the first 5 left out of the medians; Llama batch 1 x sequence 1024; UNet batch 8 at
 64x64; budgets at 0.5, 0.25 and 0.10 (swap_budget says what a fraction means); a 256 MiB budget margin
 (--margin-share 0.1 makes it at least 10% of the transient bytes: at larger batches the peers need that much to run
-under the cap, docs/swapping.md, session 21). The Llama cases need transformers and peft, the accelerate peer accelerate.
+under the cap, docs/swapping.md, session 21). The Llama cases need transformers and peft, the accelerate peer
+accelerate.
 
 Determinism: every side uses the same seeds, torch.use_deterministic_algorithms(True), CUBLAS_WORKSPACE_CONFIG=
 :4096:8, SDPA restricted to flash + math, and the same data each step; so the losses must be bit-identical.
@@ -95,7 +96,7 @@ def swap_budget(fraction, movable_bytes, transient_bytes, margin_bytes, granular
                   M" is reported beside it, and is too small for full fine-tuning, whose peak comes at the start
                   of backward, before most gradients exist.
       budget    = fraction * M + T + margin, rounded up to the 2 MiB granularity; margin = max(margin_bytes,
-                  margin_share * T) (--margin-mib, --margin-share). PyTorch's own allocator reserves 6-8% more than
+                  margin_share * T) (--margin-mib, --margin-share). PyTorch's own allocator reserves 5-8% more than
                   its peak allocation on the Llama cases (fragmentation): with batches larger than the default, a
                   fixed 256 MiB leaves the peers' cap below what they can run in.
     fraction * M is the capacity the movable groups get; the Belady bound (`belady_traffic`) and the block
@@ -1396,14 +1397,15 @@ def run_all(args, save=lambda res: None, runner_class=None):
     res = {"benchmark": "swap", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": args.device, "quick": bool(args.quick), "h2d_gbps": None, "d2h_gbps": None,
            "settings": {"steps": args.steps, "warmup": args.warmup, "batch": args.batch, "seq": args.seq,
-                        "seed": args.seed, "margin_bytes": margin, "margin_share": args.margin_share, "fractions": {c: f for c, f in plan},
+                        "seed": args.seed, "margin_bytes": margin, "margin_share": args.margin_share,
+                        "fractions": {c: f for c, f in plan},
                         "peer_cases": sorted(peer_cases), "peer_fraction": args.peer_fraction,
                         "worker_timeout_s": args.worker_timeout, "deadline_s": args.deadline,
                         "pin_threads": pin, "pin_cores": args.pin_cores or None,
                         "interleave_cycles": args.interleave or None,
                         "interleave_block": args.block if args.interleave else None,
-                        "budget_rule": "budget = fraction * movable + transient + margin, rounded up to 2 MiB; margin = "
-                                       "max(margin_bytes, margin_share * transient); "
+                        "budget_rule": "budget = fraction * movable + transient + margin, rounded up to 2 MiB; "
+                                       "margin = max(margin_bytes, margin_share * transient); "
                                        "movable = parameter + gradient + optimizer-state bytes; transient = the "
                                        "resident run's peak of allocated minus the movable bytes allocated at that "
                                        "moment (see swap_budget in bench/swap.py)",
@@ -1941,7 +1943,7 @@ def parse_args(argv=None):
     p.add_argument("--margin-share", type=float, default=0.0, metavar="S",
                    help="the margin is at least S times the transient bytes (default 0: --margin-mib alone). With "
                         "batches larger than the default, 0.1 leaves PyTorch's allocator room for its fragmentation "
-                        "(6-8%% over its peak allocation on the Llama cases), so that the peers can run under the cap")
+                        "(5-8%% over its peak allocation on the Llama cases), so that the peers can run under the cap")
     p.add_argument("--ls-env", action="append", default=[], metavar="LAYERSWAP_X=V",
                    help="extra environment for the layerswap side (repeatable), e.g. LAYERSWAP_PREFETCH=2")
     p.add_argument("--worker-timeout", type=int, default=None, help="seconds allowed to one worker (default 180; "

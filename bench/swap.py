@@ -1851,8 +1851,8 @@ def print_table(res):
         if il:
             k = il.get("processes_per_side", 1)
             pooled = f" ({k} processes per side, pooled: per cycle the median of their blocks)" if k > 1 else ""
-            print(f"    interleaved: {il['cycles']} cycles of {il['block']} steps per side{pooled}; the resident run alone "
-                  f"took {sec(il.get('resident_step_s_alone'))} s, interleaved {sec(m.get('resident_step_s'))} s "
+            print(f"    interleaved: {il['cycles']} cycles of {il['block']} steps per side{pooled}; the resident run "
+                  f"alone took {sec(il.get('resident_step_s_alone'))} s, interleaved {sec(m.get('resident_step_s'))} s "
                   f"(its losses {'equal' if il.get('resident_losses_equal_alone') else 'DIFFER'}); turns that "
                   f"overlapped another side's: {il.get('overlapping_turns')}")
             for c in res["cases"]:
@@ -1963,8 +1963,8 @@ def parse_args(argv=None):
     p.add_argument("--processes", type=int, default=1, metavar="K",
                    help="with --interleave: K processes of every side, all taking turns; a side's step and its paired "
                         "ratios are then pooled over its processes (per cycle, the median of their block medians), and "
-                        "each process's step and losses check are kept (default 1). One process of a side can sit 5-13%% "
-                        "from another on the H200 (bench/process_spread.py)")
+                        "each process's step and losses check are kept (default 1). One process of a side can sit "
+                        "5-13%% from another on the H200 (bench/process_spread.py)")
     p.add_argument("--block", type=int, default=3,
                    help="with --interleave: steps per turn (default 3; the first of each is left out, it follows a "
                         "pause)")

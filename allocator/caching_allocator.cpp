@@ -68,6 +68,31 @@
 //   the tails it holds left the policy almost no capacity: prefetching collapsed (0.70 GB H2D per step against
 //   8.92 GB, launches waiting 0.35 s per step) and the step slowed from 0.72 to 0.95 s. So it is off by default.
 //
+// Note [Composites]
+//   Under a full budget a large request often finds no cached segment of its size (within 1/8) and no room for a
+//   new chunk. Reclaiming an idle segment of another size then means unmapping its VA, which must wait until the
+//   GPU is past the segment's last launches (Note [Unmap fences]); the segments there are to reclaim were mostly
+//   freed moments before, so the wait is long (on the H200, batch 8 x 2048 of the 1.1B LoRA at 25%: 64-68 ms a
+//   step), and a new chunk is created besides. PyTorch's allocator reuses such memory on the same stream at once:
+//   work enqueued on the stream after the free runs after the work before it. A composite does the same with
+//   chunks: the new segment's VA maps the chunks of idle large segments of its own stream, one after another
+//   (a chunk can be mapped at several VAs), and a new chunk for what they leave, if the room there is covers it.
+//   The donors' VAs stay mapped as zombies: each is unmapped, and its range released, once its stream's fence
+//   covers the donor's free (maintain() records those fences; poll_fences_locked() and fence_locked() reap).
+//   Only when no fenced idle segment gives the room (reclaim_fenced_locked first), and only within n .. n + n/8
+//   granules from at most k_most_parts chunks (largest donors first); otherwise the ordinary way, which waits.
+//   A composite is not swappable (the engine knows one chunk per region) and counts as memory that cannot move;
+//   freed, it is cached like any large segment, and it may be a donor itself. Destroyed (fenced), its chunks become
+//   spares, after the zombies that map them are reaped: a zombie's free is older than its composite's, on the same
+//   stream, so a fence that covers the composite covers it. Memory held is what it was: no chunk is made twice.
+//   A chunk is always mapped whole: the H200's driver (580.159) refuses a map at an offset into an allocation or of
+//   a part of it (CUDA_ERROR_NOT_SUPPORTED; .dev probe, session 22), so a donor larger than n + n/8 is no use.
+//   Experimental, off by default (LAYERSWAP_COMPOSITES=1). On the H200 (1.1B LoRA at 25%, batch 4 x 2048 and
+//   8 x 2048, interleaved with it off) composites halved the reclaims' fence waits at 4 x 2048 (2.4-2.9 to 1.0-1.3
+//   a step) and cut them by a third at 8 x 2048, but the step did not move beyond the noise: most waits left are
+//   for the loss's fp32 logits (1.95 GiB) and their bf16 copy (1000 MiB), where the stream's idle memory is too
+//   little or one chunk too large. At batch 1 x 1024 none is made (no reclaim waits there).
+//
 // Note [Slabs last]
 //   A prefetch that finds no room reclaims idle segments (reclaim_idle): large ones first, least recently freed
 //   first, and slabs only when the large ones do not make the room. A reclaimed slab's pages are released for the
@@ -136,6 +161,8 @@ struct segment {
   device_ptr va = 0;
   std::size_t bytes = 0;
   std::vector<phys_handle> pages;  // device pages backing it now (Note [Swappable segments])
+  // A composite's chunks in VA order, each with its bytes (Note [Composites]); empty for any other segment.
+  std::vector<std::pair<std::size_t, detail::device_chunk>> parts;
   std::size_t n = 0;               // size in granules
   detail::swap_region* swap = nullptr;  // its residency record (large segments, residency enabled)
   stream_pool* pool = nullptr;
@@ -218,6 +245,17 @@ struct arena {
   std::unique_ptr<published_arena> published;    // the owner table's image in the region map
 };
 
+// A segment's VA range whose chunks went to a composite before the GPU was past its last launches (Note
+// [Composites]): each mapping is unmapped, and the range released, once its pool's fence covers `free_epoch`. The
+// owner table no longer knows it.
+struct zombie {
+  device_ptr va = 0;
+  std::size_t n = 0;  // granules
+  stream_pool* pool = nullptr;
+  std::uint64_t free_epoch = 0;
+  std::vector<std::pair<device_ptr, std::size_t>> maps;  // start and bytes of each mapping
+};
+
 struct pending_free {
   segment* seg = nullptr;
   std::uint32_t block = 0;  // slab block index; unused for large segments
@@ -252,6 +290,9 @@ inline constexpr std::size_t k_published_arenas = 64;
 //   3.7-3.8 ms in all (90-97 of them ended while spinning), against 145-147 waits taking 9.1-10.2 ms.
 inline constexpr std::chrono::microseconds k_lock_spin{200};
 
+// Note [Composites]: the most chunks one composite maps (a mapping each, and each unmapped when it goes).
+inline constexpr std::size_t k_most_parts = 32;
+
 struct caching_allocator::impl final : detail::page_source {
   impl(driver& p, allocator_options o);
   ~impl() override;
@@ -285,6 +326,7 @@ struct caching_allocator::impl final : detail::page_source {
   bool fences_wanted = true;
   std::unique_ptr<detail::residency_engine> engine;  // null unless options.residency.enabled
   std::vector<std::pair<segment*, event_handle>> retiring;  // freed host-backed segments (Note [Swappable segments])
+  std::vector<zombie> zombies;  // Note [Composites]
 
   allocator_stats st;
 
@@ -341,7 +383,7 @@ struct caching_allocator::impl final : detail::page_source {
   segment* new_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request);
   segment* new_chunk_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request);
   std::vector<phys_handle> gather_pages_locked(std::size_t n, std::size_t request);
-  detail::device_chunk gather_chunk_locked(std::size_t n, std::size_t request);
+  detail::device_chunk gather_chunk_locked(std::size_t n, std::size_t request, bool miss_noted = false);
   bool free_some_locked(bool& retried);
   bool room_for_new_locked(std::size_t n) const noexcept;  // a new segment of n pages fits without reclaiming
   std::size_t obtainable_pages_locked() const noexcept;  // pooled + idle segments + budget headroom
@@ -354,6 +396,17 @@ struct caching_allocator::impl final : detail::page_source {
   segment* add_segment_locked(stream_pool* pool, device_ptr va, std::size_t bytes, std::vector<phys_handle> pages);
   void release_idle_pages_locked();
   bool reclaim_one_locked();
+  bool reclaim_fenced_locked();  // reclaim_one_locked() without a host wait: false when no idle segment is fenced
+  // Pages a new large segment could have now without a host wait: pooled pages, the budget's headroom, spare chunks.
+  [[nodiscard]] std::size_t room_now_locked() const noexcept {
+    return unused_pages_locked() + (engine ? engine->spare_pages_locked() : 0);
+  }
+  // Note [Composites]
+  segment* compose_locked(stream_pool* pool, std::size_t n);
+  [[nodiscard]] bool donor_locked(const segment* seg, const stream_pool* pool) const noexcept;
+  void retire_donor_locked(segment* seg, std::vector<std::pair<std::size_t, detail::device_chunk>>& parts);
+  void reap_zombies_locked();       // unmaps the zombies whose pool's fence covers them
+  void fence_pool_locked(stream_pool* pool);  // a host wait for everything enqueued on the pool's stream
   void fence_locked(segment* seg);
   void poll_fences_locked();
   void start_fences_locked();
@@ -412,6 +465,7 @@ caching_allocator::impl::~impl() {
   try {
     if (engine) engine->settle_all_locked();
     process_pending_locked(true);
+    while (!zombies.empty()) fence_pool_locked(zombies.front().pool);
     for (segment* seg : std::vector<segment*>(segments.begin(), segments.end())) {
       fence_locked(seg);
       destroy_segment_locked(seg);
@@ -625,6 +679,7 @@ bool caching_allocator::impl::room_for_new_locked(std::size_t n) const noexcept 
 
 segment* caching_allocator::impl::new_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request) {
   const auto start = std::chrono::steady_clock::now();
+  const std::int64_t waits = st.num_host_waits;
   const std::size_t n = bytes >> gran_shift;
   std::vector<phys_handle> pages = gather_pages_locked(n, request);
   device_ptr va = 0;
@@ -646,6 +701,10 @@ segment* caching_allocator::impl::new_segment_locked(stream_pool* pool, std::siz
   }
   segment* s = add_segment_locked(pool, va, bytes, std::move(pages));
   st.segment_new_ns += elapsed_ns(start);
+  if (st.num_host_waits != waits) {
+    LAYERSWAP_LOG(debug, "device %d: a new %s of pages (%s) waited for the GPU", st.device, format_bytes(bytes).c_str(),
+                  format_bytes(request).c_str());
+  }
   return s;
 }
 
@@ -668,7 +727,23 @@ segment* caching_allocator::impl::add_segment_locked(stream_pool* pool, device_p
 segment* caching_allocator::impl::new_chunk_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request) {
   const auto start = std::chrono::steady_clock::now();
   const std::size_t n = bytes >> gran_shift;
-  const detail::device_chunk chunk = gather_chunk_locked(n, request);
+  const std::int64_t waits = st.num_host_waits;
+  bool miss_noted = false;
+  if (options.composites && options.budget && !engine->has_spare_locked(bytes)) {  // Note [Composites]
+    if (room_now_locked() < n && idle.head) {  // as gather_chunk_locked() would note it
+      engine->note_cache_miss_locked(bytes);
+      miss_noted = true;
+    }
+    while (room_now_locked() < n && reclaim_fenced_locked()) {
+    }
+    if (room_now_locked() < n) {
+      if (segment* s = compose_locked(pool, n)) {
+        st.segment_new_ns += elapsed_ns(start);
+        return s;
+      }
+    }
+  }
+  const detail::device_chunk chunk = gather_chunk_locked(n, request, miss_noted);
   device_ptr va = 0;
   bool mapped = false;
   try {
@@ -688,12 +763,15 @@ segment* caching_allocator::impl::new_chunk_segment_locked(stream_pool* pool, st
   segment* s = add_segment_locked(pool, va, bytes, {});
   s->swap = engine->add_locked(s->region, va, bytes, chunk);
   st.segment_new_ns += elapsed_ns(start);
+  if (st.num_host_waits != waits) {
+    LAYERSWAP_LOG(debug, "device %d: a new segment of %s waited for the GPU", st.device, format_bytes(bytes).c_str());
+  }
   return s;
 }
 
 // A chunk of `n` pages for a new large segment: a spare one of its size or a new one within the budget (the engine),
 // else the cache reclaimed, else a synchronous eviction, as gather_pages_locked does for pages.
-detail::device_chunk caching_allocator::impl::gather_chunk_locked(std::size_t n, std::size_t request) {
+detail::device_chunk caching_allocator::impl::gather_chunk_locked(std::size_t n, std::size_t request, bool miss_noted) {
   if (options.budget && n > obtainable_pages_locked()) {
     if (!pending.empty()) process_pending_locked(true);
     if (n > obtainable_pages_locked()) throw_oom_locked(request);
@@ -703,15 +781,138 @@ detail::device_chunk caching_allocator::impl::gather_chunk_locked(std::size_t n,
     if (detail::device_chunk c = engine->take_chunk_locked(n << gran_shift)) return c;
     // The cache holds segments, none of this size (allocate_large_locked looked), and the budget has no room for
     // a new one beside them: the policy should leave the cache more (residency.cpp, Note [Cache reserve]).
-    if (!retried && idle.head) engine->note_cache_miss_locked(n << gran_shift);
+    if (!retried && !miss_noted && idle.head) engine->note_cache_miss_locked(n << gran_shift);
     // A reclaimed segment's pages join the pool, its chunk (or an evicted region's) the spares: room either way.
     if (!free_some_locked(retried)) throw_oom_locked(request);
   }
 }
 
-void caching_allocator::impl::fence_locked(segment* seg) {
-  stream_pool* pool = seg->pool;
-  if (seg->free_epoch <= pool->fenced_epoch && seg->free_epoch != 0) return;
+// Note [Composites]: an idle large segment of `pool` whose chunks a composite may take: device-backed and not
+// moving, or a composite itself.
+bool caching_allocator::impl::donor_locked(const segment* seg, const stream_pool* pool) const noexcept {
+  if (seg->slab || seg->live || seg->pool != pool) return false;
+  if (!seg->parts.empty()) return true;
+  return seg->swap && !engine->host_backed_locked(seg->swap) && !engine->moving_locked(seg->swap);
+}
+
+// A new large segment of `n` granules on `pool` from the chunks of idle segments of the same pool, freed perhaps
+// moments before, with no host wait; a new chunk for what they do not cover, from the room there is. Null when
+// the pool's idle segments cannot make it within n .. n + n/8 granules (the caller goes the ordinary way).
+segment* caching_allocator::impl::compose_locked(stream_pool* pool, std::size_t n) {
+  const std::size_t room = room_now_locked();
+  const std::size_t need = n - std::min(n, room);  // granules the donors must give at least
+  const std::size_t most = n + n / 8;               // ... and at most: the cache's own tolerance for a fit
+  std::vector<segment*> cands;
+  for (segment* seg = idle.head; seg; seg = seg->idle_hook.next) {
+    if (donor_locked(seg, pool)) cands.push_back(seg);
+  }
+  // Largest first: the fewest parts (a mapping each). Ties keep the idle list's order (least recently freed).
+  std::stable_sort(cands.begin(), cands.end(), [](const segment* a, const segment* b) { return a->n > b->n; });
+  std::vector<segment*> take;
+  std::size_t sum = 0, nparts = 0;
+  for (segment* seg : cands) {
+    if (sum >= n) break;
+    const std::size_t parts = seg->parts.empty() ? 1 : seg->parts.size();
+    if (sum + seg->n > most || nparts + parts > k_most_parts - 1) continue;  // one part left for the rest
+    take.push_back(seg);
+    sum += seg->n;
+    nparts += parts;
+  }
+  if (take.empty() || sum < need) {
+    std::size_t idle_pool = 0;
+    for (const segment* seg : cands) idle_pool += seg->n;
+    LAYERSWAP_LOG(debug, "device %d: no composite for %s: the stream's %zu idle segments hold %s, %s taken of %s needed",
+                  st.device, format_bytes(n << gran_shift).c_str(), cands.size(),
+                  format_bytes(idle_pool << gran_shift).c_str(), format_bytes(sum << gran_shift).c_str(),
+                  format_bytes(need << gran_shift).c_str());
+    return nullptr;
+  }
+  const std::size_t rest = sum < n ? n - sum : 0;
+  detail::device_chunk extra;  // first, so that nothing has changed when there is no room for it
+  if (rest != 0) {
+    extra = engine->take_chunk_locked(rest << gran_shift);
+    if (!extra) return nullptr;
+  }
+  std::vector<std::pair<std::size_t, detail::device_chunk>> parts;
+  for (segment* seg : take) retire_donor_locked(seg, parts);
+  if (extra) parts.emplace_back(rest << gran_shift, extra);
+  fences_wanted = true;  // the zombies want their fence
+  const std::size_t total = std::max(sum, n);
+  device_ptr va = 0;
+  std::size_t mapped = 0;
+  try {
+    va = reserve_va_locked(total);
+    std::size_t off = 0;
+    for (; mapped < parts.size(); ++mapped) {
+      port.map(va + off, parts[mapped].first, parts[mapped].second.handle, 0);
+      off += parts[mapped].first;
+    }
+    port.set_access(va, total << gran_shift);
+  } catch (...) {
+    // The parts may still be mapped at their zombies, used by queued work: they become spares only once the GPU
+    // is past it (a host wait, on a path the driver failed on).
+    try {
+      std::size_t off = 0;
+      for (std::size_t i = 0; i < mapped; ++i) {
+        port.unmap(va + off, parts[i].first);
+        off += parts[i].first;
+      }
+      if (va) release_va_locked(va, total);
+      fence_pool_locked(pool);
+      for (const auto& [bytes, chunk] : parts) engine->give_chunk_locked(bytes, chunk);
+    } catch (...) {
+    }
+    throw;
+  }
+  segment* s = add_segment_locked(pool, va, total << gran_shift, {});
+  s->parts = std::move(parts);
+  ++st.num_composites;
+  st.composite_donors += static_cast<std::int64_t>(take.size());
+  return s;
+}
+
+// Note [Composites]: the donor's chunks join `parts`; its VA, still mapped, becomes a zombie; the segment is gone.
+void caching_allocator::impl::retire_donor_locked(segment* seg,
+                                                 std::vector<std::pair<std::size_t, detail::device_chunk>>& parts) {
+  seg->pool->free_by_pages[seg->npages()].erase(seg);
+  idle.erase(seg);
+  zombie z{seg->va, seg->n, seg->pool, seg->free_epoch, {}};
+  if (seg->parts.empty()) {
+    parts.emplace_back(seg->bytes, engine->detach_locked(seg->swap));
+    seg->swap = nullptr;
+    z.maps.emplace_back(seg->va, seg->bytes);
+  } else {
+    std::size_t off = 0;
+    for (const auto& part : seg->parts) {
+      z.maps.emplace_back(seg->va + off, part.first);
+      off += part.first;
+      parts.push_back(part);
+    }
+  }
+  set_owner_locked(seg->va, seg->n, nullptr);  // the VA stays reserved until the zombie is reaped
+  count(false, &pool_stats::segments, -1);
+  segments.erase(seg);
+  delete seg;
+  zombies.push_back(std::move(z));
+}
+
+void caching_allocator::impl::reap_zombies_locked() {
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < zombies.size(); ++i) {
+    zombie& z = zombies[i];
+    if (z.free_epoch <= z.pool->fenced_epoch) {
+      for (const auto& [va, bytes] : z.maps) port.unmap(va, bytes);
+      release_va_locked(z.va, z.n);
+      ++st.num_zombies_reaped;
+      continue;
+    }
+    if (kept != i) zombies[kept] = std::move(z);
+    ++kept;
+  }
+  zombies.resize(kept);
+}
+
+void caching_allocator::impl::fence_pool_locked(stream_pool* pool) {
   const std::uint64_t now = epoch;
   event_handle e = take_event_locked();
   port.record(e, pool->stream);
@@ -722,6 +923,12 @@ void caching_allocator::impl::fence_locked(segment* seg) {
   spare_events.push_back(e);
   ++st.num_host_waits;
   pool->fenced_epoch = std::max(pool->fenced_epoch, now);
+  if (!zombies.empty()) reap_zombies_locked();
+}
+
+void caching_allocator::impl::fence_locked(segment* seg) {
+  if (seg->free_epoch <= seg->pool->fenced_epoch && seg->free_epoch != 0) return;
+  fence_pool_locked(seg->pool);
 }
 
 void caching_allocator::impl::destroy_segment_locked(segment* seg) {
@@ -744,6 +951,16 @@ void caching_allocator::impl::destroy_segment_locked(segment* seg) {
   if (!host_unmapped) {
     for (std::size_t i = 0; i < seg->pages.size(); ++i) port.unmap(seg->va + (i << gran_shift), gran);
   }
+  if (!seg->parts.empty()) {  // Note [Composites]: its chunks become spares, once no zombie maps them
+    reap_zombies_locked();
+    std::size_t off = 0;
+    for (const auto& [bytes, chunk] : seg->parts) {
+      port.unmap(seg->va + off, bytes);
+      off += bytes;
+    }
+    for (const auto& [bytes, chunk] : seg->parts) engine->give_chunk_locked(bytes, chunk);
+    seg->parts.clear();
+  }
   set_owner_locked(seg->va, seg->npages(), nullptr);
   release_va_locked(seg->va, seg->npages());
   idle_pages.insert(idle_pages.end(), seg->pages.begin(), seg->pages.end());
@@ -757,9 +974,8 @@ void caching_allocator::impl::destroy_segment_locked(segment* seg) {
   st.segment_destroy_ns += elapsed_ns(start);
 }
 
-// Destroys one idle segment: the least recently freed one whose streams' work is known complete (no wait), else
-// the least recently freed one, after a fence (a host wait).
-bool caching_allocator::impl::reclaim_one_locked() {
+// Destroys the least recently freed idle segment whose streams' work is known complete (no wait).
+bool caching_allocator::impl::reclaim_fenced_locked() {
   if (!idle.head) return false;
   poll_fences_locked();
   for (segment* seg = idle.head; seg; seg = seg->idle_hook.next) {
@@ -768,7 +984,17 @@ bool caching_allocator::impl::reclaim_one_locked() {
     ++st.num_reclaims;
     return true;
   }
+  return false;
+}
+
+// Destroys one idle segment: the least recently freed one whose streams' work is known complete (no wait), else
+// the least recently freed one, after a fence (a host wait).
+bool caching_allocator::impl::reclaim_one_locked() {
+  if (!idle.head) return false;
+  if (reclaim_fenced_locked()) return true;
   segment* seg = idle.head;
+  LAYERSWAP_LOG(debug, "device %d: reclaiming an idle %s %s waits for the GPU", st.device,
+                format_bytes(seg->bytes).c_str(), seg->slab ? "slab" : seg->parts.empty() ? "segment" : "composite");
   fence_locked(seg);
   destroy_segment_locked(seg);
   ++st.num_reclaims;
@@ -841,7 +1067,7 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
     } else {
       seg = new_segment_locked(pool, npages << gran_shift, bytes);
     }
-    if (pool->free_by_pages.size() <= npages) pool->free_by_pages.resize(npages + 1);
+    if (pool->free_by_pages.size() <= seg->npages()) pool->free_by_pages.resize(seg->npages() + 1);
     count(false, &pool_stats::segments, 1);  // its memory was already counted in the large pool's reserved bytes
     residency_gate::mark_large(seg->region);  // after add_locked, which prepares the gate entry
   }
@@ -1048,6 +1274,7 @@ void caching_allocator::impl::poll_fences_locked() {
       fences_wanted = true;  // its pool's segments freed since it was recorded want one of their own
     }
   }
+  if (!zombies.empty()) reap_zombies_locked();
 }
 
 // For a prefetch: large idle segments first, slabs only when those do not make the room (Note [Slabs last]).
@@ -1188,6 +1415,7 @@ void caching_allocator::empty_cache() {
   std::lock_guard lock(impl_->mutex);
   impl& m = *impl_;
   if (!m.pending.empty()) m.process_pending_locked(false);
+  while (!m.zombies.empty()) m.fence_pool_locked(m.zombies.front().pool);
   while (m.reclaim_one_locked()) {
   }
   m.release_idle_pages_locked();
@@ -1230,6 +1458,7 @@ void caching_allocator::reset_accumulated_stats() {
   impl_->st.num_calls = impl_->st.call_ns = 0;
   impl_->call_ticks = 0;
   impl_->st.num_reclaims = impl_->st.num_engine_reclaims = impl_->st.num_oversize_reuses = 0;
+  impl_->st.num_composites = impl_->st.composite_donors = impl_->st.num_zombies_reaped = 0;
   impl_->st.segment_new_ns = impl_->st.segment_destroy_ns = 0;
 }
 
@@ -1350,7 +1579,14 @@ void caching_allocator::verify() const {
   std::vector<std::pair<device_ptr, device_ptr>> ranges;
   for (const segment* s : m.segments) {
     if (s->bytes != s->npages() * m.gran || s->bytes == 0) fail("segment size does not match its granules");
-    if (!s->swap && s->pages.size() != s->npages()) fail("a segment the engine does not know lacks device pages");
+    if (!s->swap && s->parts.empty() && s->pages.size() != s->npages()) {
+      fail("a segment the engine does not know lacks device pages");
+    }
+    if (!s->parts.empty()) {  // Note [Composites]
+      std::size_t sum = 0;
+      for (const auto& part : s->parts) sum += part.first;
+      if (s->swap || !s->pages.empty() || s->slab || sum != s->bytes) fail("a composite's chunks do not make it");
+    }
     if (s->swap && !s->pages.empty() && s->pages.size() != s->npages()) fail("a swappable segment is partly backed");
     if (s->swap && m.engine->host_backed_locked(s->swap) && s->pool_hook.linked) {
       fail("a host-backed segment is cached for reuse");
@@ -1382,7 +1618,7 @@ void caching_allocator::verify() const {
       if (s->idle_hook.linked != (s->used == 0)) fail("slab idle-list membership is wrong");
       if (s->pool_hook.linked != (s->used < s->nblocks)) fail("slab partial-list membership is wrong");
     } else {
-      mapped_large += static_cast<std::int64_t>(s->pages.size() * m.gran);
+      mapped_large += static_cast<std::int64_t>(s->pages.size() * m.gran + (s->parts.empty() ? 0 : s->bytes));
       if (s->live) {
         alloc_large += static_cast<std::int64_t>(s->bytes);
         req += static_cast<std::int64_t>(s->requested);
@@ -1397,6 +1633,12 @@ void caching_allocator::verify() const {
   std::sort(ranges.begin(), ranges.end());
   for (std::size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].first < ranges[i - 1].second) fail("two segments overlap");
+  }
+  for (const zombie& z : m.zombies) {
+    if (m.owner_locked(z.va) != nullptr) fail("a zombie's VA is owned by a segment");
+    for (const auto& r : ranges) {
+      if (z.va < r.second && r.first < z.va + (z.n << m.gran_shift)) fail("a zombie overlaps a segment");
+    }
   }
   std::size_t idle_pages = 0;
   for (const segment* s = m.idle.head; s; s = s->idle_hook.next) idle_pages += s->npages();

@@ -545,6 +545,9 @@ struct residency_engine::impl {
     spare_chunks.emplace(bytes, c);
     spare_bytes += bytes;
   }
+  // The region's books, gone (remove_locked, detach_locked): its gate flags and slots, its host backing to the
+  // pool, its forecast entries; `r` is destroyed.
+  void forget(swap_region& r);
   // A prefetch's destination that it no longer needs: a spare chunk, or room never used.
   void drop_destination(const swap_region& r, move& m) {
     if (m.chunk) {
@@ -1710,14 +1713,29 @@ bool residency_engine::remove_locked(swap_region* r) {
   const bool unmapped = host_mapped || r->chunk;
   if (unmapped) m.port.unmap(r->va, r->bytes);  // one mapping: the host backing or the chunk (Note [Chunks])
   if (r->chunk) m.add_spare(r->bytes, std::exchange(r->chunk, {}));
-  gate::set_on_host(r->id, false);
-  if (r->flag_slot != k_no_slot) m.free_slots.push_back(r->flag_slot);  // its ticket count goes on
-  if (r->digest_slot != k_no_slot) m.free_digest_slots.push_back(r->digest_slot);
-  if (r->host) m.spare_host.emplace(r->bytes, r->host);  // its view stays mapped for the next region
-  std::replace(m.forecast_regions.begin(), m.forecast_regions.end(), r, static_cast<swap_region*>(nullptr));
-  m.index.erase(r->id);
-  m.regions.erase(r->id);
+  m.forget(*r);
   return unmapped;
+}
+
+device_chunk residency_engine::detach_locked(swap_region* r) {
+  impl& m = *impl_;
+  if (r->mv || r->busy || r->state != region_residency::device || !r->chunk) {
+    throw error("layerswap: internal: detach_locked needs a device-backed region that is not moving");
+  }
+  const device_chunk c = std::exchange(r->chunk, {});
+  m.forget(*r);
+  return c;
+}
+
+void residency_engine::impl::forget(swap_region& region) {
+  swap_region* r = &region;
+  gate::set_on_host(r->id, false);
+  if (r->flag_slot != k_no_slot) free_slots.push_back(r->flag_slot);  // its ticket count goes on
+  if (r->digest_slot != k_no_slot) free_digest_slots.push_back(r->digest_slot);
+  if (r->host) spare_host.emplace(r->bytes, r->host);  // its view stays mapped for the next region
+  std::replace(forecast_regions.begin(), forecast_regions.end(), r, static_cast<swap_region*>(nullptr));
+  index.erase(r->id);
+  regions.erase(r->id);  // r is gone
 }
 
 void residency_engine::release_holds_locked() { impl_->release_holds(); }

@@ -200,6 +200,10 @@ class residency_engine {
   // The segment is being destroyed (no pending work touches it): settles, unmaps a host mapping or a chunk of its VA
   // (returns true then; otherwise the caller unmaps the device pages) and forgets the region.
   bool remove_locked(swap_region* r);
+  // The segment's chunk goes to a composite (caching_allocator.cpp, Note [Composites]): forgets a device-backed
+  // region that is not moving and returns its chunk, still mapped at the region's VA. The caller unmaps that VA once
+  // the GPU is past the region's last launches; the chunk is no longer the engine's (chunk_pages_locked).
+  device_chunk detach_locked(swap_region* r);
   // Allocation under pressure (Note [Allocation under pressure]): evicts one region synchronously. False when
   // nothing is left to evict.
   bool evict_sync_locked();

@@ -26,7 +26,8 @@ namespace {
 // Rows of the table, in table order.
 enum row : std::size_t {
   row_enable, row_budget, row_log, row_stats, row_va_reserve, row_track, row_track_api, row_trace,
-  row_prefetch, row_pin, row_host_limit, row_hold, row_writeback, row_oversize, row_cache_reserve, row_count
+  row_prefetch, row_pin, row_host_limit, row_hold, row_writeback, row_oversize, row_cache_reserve,
+  row_composites, row_count
 };
 
 constexpr setting_info k_settings[row_count] = {
@@ -75,6 +76,10 @@ constexpr setting_info k_settings[row_count] = {
      "Device memory swapping leaves to the allocator's cache of freed segments besides the live activations: auto "
      "grows it each time an allocation finds no cached segment of its size and has to destroy another's, up to half "
      "of what the budget leaves for swapped memory; a size fixes it (at most all of that)"},
+    {"LAYERSWAP_COMPOSITES", "0", "0 or 1 (also true/false, on/off, yes/no)",
+     "Experimental: when the budget has no room for a new large segment without waiting for the GPU, make it from "
+     "the chunks of segments its stream freed, at once, as PyTorch reuses freed memory on a stream (0: reclaim them, "
+     "waiting for the GPU to finish with them first)"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";
@@ -445,6 +450,7 @@ std::string config::describe() const {
     line(row_oversize, std::string(text, end), "  (default)");
   }
   line(row_cache_reserve, cache_reserve_text(*this), "  (default)");
+  line(row_composites, composites ? "1" : "0", "  (default)");
   for (const auto& message : unknown) {
     out += message;
     out += '\n';
@@ -497,6 +503,9 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
   if (const auto level = given(row_log)) result.log = parse_log_level(k_settings[row_log].name, *level);
   if (const auto stats = given(row_stats)) result.stats = parse_bool(k_settings[row_stats].name, *stats);
   if (const auto hold = given(row_hold)) result.hold = parse_bool(k_settings[row_hold].name, *hold);
+  if (const auto composites = given(row_composites)) {
+    result.composites = parse_bool(k_settings[row_composites].name, *composites);
+  }
 
   if (const auto reserve = given(row_va_reserve)) {
     const auto* name = k_settings[row_va_reserve].name;

@@ -70,6 +70,9 @@ struct config {
   // reserve]): auto (grown by the cache's misses), or a fixed size.
   bool cache_reserve_auto = true;
   std::size_t cache_reserve = 0;
+  // LAYERSWAP_COMPOSITES: a large segment made at once from the chunks of segments its stream freed, rather than
+  // after a wait for the GPU (caching_allocator.cpp, Note [Composites]). Experimental, off by default.
+  bool composites = false;
   // Whether the launch tracker should run (LAYERSWAP_TRACK against `enabled`).
   [[nodiscard]] bool tracking() const noexcept {
     return track == track_mode::on || track == track_mode::subscribe_only ||

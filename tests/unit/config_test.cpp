@@ -64,7 +64,7 @@ std::string config_error_of(const vars& v) {
 
 TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   const auto table = settings_table();
-  ASSERT_EQ(table.size(), 15u);
+  ASSERT_EQ(table.size(), 16u);
   std::vector<std::string> names;
   for (const auto& info : table) {
     names.emplace_back(info.name);
@@ -75,7 +75,7 @@ TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
                                              "LAYERSWAP_VA_RESERVE", "LAYERSWAP_TRACK", "LAYERSWAP_TRACK_API", "LAYERSWAP_TRACE",
                                              "LAYERSWAP_PREFETCH", "LAYERSWAP_PIN", "LAYERSWAP_HOST_LIMIT", "LAYERSWAP_HOLD",
                                              "LAYERSWAP_WRITEBACK", "LAYERSWAP_OVERSIZE",
-                                             "LAYERSWAP_CACHE_RESERVE"}));
+                                             "LAYERSWAP_CACHE_RESERVE", "LAYERSWAP_COMPOSITES"}));
   EXPECT_STREQ(row("LAYERSWAP").default_value, "0");
   EXPECT_STREQ(row("LAYERSWAP_BUDGET").default_value, "none");
   EXPECT_STREQ(row("LAYERSWAP_LOG").default_value, "warn");
@@ -535,7 +535,8 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_HOLD=0  (default)\n"
             "LAYERSWAP_WRITEBACK=skip-clean  (default)\n"
             "LAYERSWAP_OVERSIZE=1  (default)\n"
-            "LAYERSWAP_CACHE_RESERVE=auto  (default)\n");
+            "LAYERSWAP_CACHE_RESERVE=auto  (default)\n"
+            "LAYERSWAP_COMPOSITES=0  (default)\n");
 }
 
 TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
@@ -560,6 +561,7 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_WRITEBACK=skip-clean  (default)\n"
             "LAYERSWAP_OVERSIZE=1  (default)\n"
             "LAYERSWAP_CACHE_RESERVE=auto  (default)\n"
+            "LAYERSWAP_COMPOSITES=0  (default)\n"
             "unknown setting LAYERSWAP_BUGDET=1 (did you mean LAYERSWAP_BUDGET?)\n");
 }
 
@@ -727,6 +729,10 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_OVERSIZE", "1.5"}}).oversize, 1.5);
   EXPECT_NE(parse_config(vars{{"LAYERSWAP_OVERSIZE", "1.5"}}).describe().find("LAYERSWAP_OVERSIZE=1.5\n"),
             std::string::npos);
+  EXPECT_FALSE(parse_config(vars{}).composites);
+  EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_COMPOSITES", " on "}}).composites);
+  EXPECT_NE(parse_config(vars{{"LAYERSWAP_COMPOSITES", "1"}}).describe().find("LAYERSWAP_COMPOSITES=1\n"),
+            std::string::npos);
   EXPECT_TRUE(parse_config(vars{}).cache_reserve_auto);
   EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_CACHE_RESERVE", " Auto "}}).cache_reserve_auto);
   for (const char* off : {"none", "0", " NONE "}) {
@@ -747,7 +753,7 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
            {"LAYERSWAP_OVERSIZE", "inf"}, {"LAYERSWAP_OVERSIZE", "2x"}, {"LAYERSWAP_OVERSIZE", "0x2"},
            {"LAYERSWAP_PREFETCH", "0"}, {"LAYERSWAP_PREFETCH", "many"}, {"LAYERSWAP_PIN", "middle:2"},
            {"LAYERSWAP_PIN", "first:x"}, {"LAYERSWAP_PIN", "first"}, {"LAYERSWAP_HOST_LIMIT", "lots"},
-           {"LAYERSWAP_WRITEBACK", "sometimes"}}) {
+           {"LAYERSWAP_WRITEBACK", "sometimes"}, {"LAYERSWAP_COMPOSITES", "maybe"}}) {
     const std::string why = config_error_of(vars{{name, value}});
     EXPECT_NE(why.find(name), std::string::npos) << why;
     EXPECT_NE(why.find(value), std::string::npos) << why;

@@ -79,6 +79,13 @@ struct idle_period_for {
   explicit idle_period_for(std::chrono::microseconds p) { g_idle_period = p; }
   ~idle_period_for() { g_idle_period = residency_options{}.idle_period; }
 };
+// ... and allocator_options::composites (Note [Composites] in caching_allocator.cpp): on in these tests, though off
+// by default (LAYERSWAP_COMPOSITES), so that the stress tests cover it; composites_off for one test.
+bool g_composites = true;
+struct composites_off {
+  composites_off() { g_composites = false; }
+  ~composites_off() { g_composites = true; }
+};
 
 struct harness {
   explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true,
@@ -112,6 +119,7 @@ struct harness {
       if (g_refused_hook) g_refused_hook(id);
     };
     o.residency.idle_period = g_idle_period;
+    o.composites = g_composites;
     return o;
   }
 
@@ -1003,7 +1011,8 @@ TEST(Residency, CacheMissGrowsTheCacheReserve) {
     EXPECT_EQ(h.alloc.residency().cache_misses, 0);
     void* other = h.alloc.allocate(10 * MiB, h.s1);  // another size: the cached 8 MiB segment is destroyed for it
     h.write(h.s1, other, 10 * MiB, 0x02);
-    EXPECT_EQ(h.alloc.stats().num_reclaims, 1);
+    const allocator_stats a = h.alloc.stats();
+    EXPECT_EQ(a.num_reclaims + a.num_composites, 1) << "the 8 MiB segment reclaimed, or taken by a composite";
     EXPECT_EQ(h.alloc.residency().cache_misses, 1);
     for (int i = 0; i < 6; ++i) h.alloc.residency_tick();
     const residency_stats r = h.alloc.residency();
@@ -1197,7 +1206,7 @@ enum class forecast_mode { right, wrong, absent };
 // `holding`: launches are held on the GPU for prefetches in flight (Note [Holding a launch on the GPU]), on an
 // eager device without the migration thread, so that the test's ticks finish the prefetches they wait for.
 void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats& out, std::int64_t& reuses,
-            bool holding = false) {
+            std::int64_t& composites, bool holding = false, bool one_stream = false) {
   std::mt19937 rng(seed);
   auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
   const std::size_t budget = (6 + pick(14)) * 2 * MiB;
@@ -1209,15 +1218,19 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   fixed_forecast f;  // outlives the allocator (and its migration thread)
   const double oversize = seed % 2 == 0 ? 2.0 : 1.0;  // Note [Oversize reuse] on every other seed
   const bool cache_auto = (seed / 2) % 2 == 1;         // Note [Cache reserve] on half the seeds, both oversizes
+  g_composites = seed % 3 != 0;                       // Note [Composites] on two seeds in three
+  struct composites_on {
+    ~composites_on() { g_composites = true; }
+  } restore_composites;
   harness h(budget, eager, thread, true, true, true, oversize, cache_auto);
-  stream_handle streams[] = {h.s1, h.s2, nullptr};
+  stream_handle streams[] = {h.s1, one_stream ? h.s1 : h.s2, one_stream ? h.s1 : nullptr};
   if (mode != forecast_mode::absent) h.alloc.set_forecast_source(&f);
   std::vector<live_alloc> live;
   std::vector<std::size_t> plan;  // indices into `live` of the next launches (the "right" forecast)
   std::size_t ooms = 0;
   SCOPED_TRACE("seed " + std::to_string(seed) + " budget " + std::to_string(budget >> 20) + " MiB eager " +
                std::to_string(eager) + " thread " + std::to_string(thread) + " oversize " + std::to_string(oversize) +
-               " cache reserve " + (cache_auto ? "auto" : "none"));
+               " cache reserve " + (cache_auto ? "auto" : "none") + " composites " + std::to_string(g_composites));
 
   auto refresh_forecast = [&] {
     if (mode == forecast_mode::absent) return;
@@ -1318,18 +1331,22 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   (void)ooms;
   out = h.alloc.residency();
   reuses = h.alloc.stats().num_oversize_reuses;
+  composites = h.alloc.stats().num_composites;
 }
 
 // Runs seeds [first, last] and checks that they swapped at all (a stress test that moves nothing proves nothing).
-void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, bool thread, bool holding = false) {
+// `one_stream`: every launch and allocation on one stream, where composites (Note [Composites]) are most frequent.
+void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, bool thread, bool holding = false,
+                  bool one_stream = false) {
   residency_stats sum;
-  std::int64_t reuses = 0;
+  std::int64_t reuses = 0, composites = 0;
   const std::uint64_t holds_before = residency_gate::waits().holds;
   for (std::uint32_t seed = first; seed <= last; ++seed) {
     residency_stats st;
-    std::int64_t seed_reuses = 0;
-    stress(seed, mode, thread, st, seed_reuses, holding);
+    std::int64_t seed_reuses = 0, seed_composites = 0;
+    stress(seed, mode, thread, st, seed_reuses, seed_composites, holding, one_stream);
     reuses += seed_reuses;
+    composites += seed_composites;
     if (::testing::Test::HasFatalFailure()) return;
     sum.evictions += st.evictions;
     sum.prefetches += st.prefetches;
@@ -1345,10 +1362,10 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
               static_cast<long long>(sum.evictions), static_cast<long long>(sum.stall_evictions),
               static_cast<long long>(sum.prefetches), static_cast<long long>(sum.abandoned),
               static_cast<long long>(sum.cancelled));
-  std::printf("  write-backs: %lld checked, %lld skipped (clean); oversize reuses: %lld; cache misses %lld, "
-              "largest cache reserve at a seed's end %lld bytes\n",
+  std::printf("  write-backs: %lld checked, %lld skipped (clean); oversize reuses: %lld; composites: %lld; cache misses "
+              "%lld, largest cache reserve at a seed's end %lld bytes\n",
               static_cast<long long>(sum.writeback_checked), static_cast<long long>(sum.writeback_skipped),
-              static_cast<long long>(reuses), static_cast<long long>(sum.cache_misses),
+              static_cast<long long>(reuses), static_cast<long long>(composites), static_cast<long long>(sum.cache_misses),
               static_cast<long long>(sum.cache_reserve_bytes));
   EXPECT_GT(sum.evictions, 0);
   EXPECT_GT(sum.prefetches, 0);
@@ -1359,6 +1376,9 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
     EXPECT_GT(sum.writeback_skipped, 0);
     EXPECT_GT(sum.writeback_checked, sum.writeback_skipped);
     EXPECT_GT(reuses, 0) << "no oversize reuse (Note [Oversize reuse]) happened under the checks";
+  }
+  if (!thread && !holding) {
+    EXPECT_GT(composites, 0) << "no composite (Note [Composites]) was made under the checks";
   }
   if (holding) {
     const std::uint64_t holds = residency_gate::waits().holds - holds_before;
@@ -1377,6 +1397,11 @@ TEST(ResidencyStress, WrongForecast) {
 
 TEST(ResidencyStress, NoForecast) {
   stress_seeds(201, 212, forecast_mode::absent, false);
+}
+
+TEST(ResidencyStress, OneStream) {
+  stress_seeds(501, 512, forecast_mode::right, false, false, true);
+  stress_seeds(513, 518, forecast_mode::wrong, false, false, true);
 }
 
 TEST(ResidencyStress, HeldLaunches) {
@@ -1651,6 +1676,7 @@ void* held_behind_a_cached_fence(harness& h) {
 // wait would never end (the simulated device reports the deadlock).
 TEST(Residency, AllocatorHostWaitDoesNotDeadlockOnAHeldLaunch) {
   holding_on on;
+  composites_off off;  // with them, c is made from b's chunk at once: no host wait (the test below)
   harness h(14 * MiB);  // a, b, the prefetch's pages and the hold flags' page
   void* a = held_behind_a_cached_fence(h);
   void* c = nullptr;
@@ -1659,6 +1685,97 @@ TEST(Residency, AllocatorHostWaitDoesNotDeadlockOnAHeldLaunch) {
   EXPECT_TRUE(h.holds(a, 4 * MiB, 0x66));
   h.alloc.deallocate(c);
   h.alloc.deallocate(a);
+  h.expect_clean();
+}
+
+// Note [Composites]: the same scene with composites on: c is made at once from b's chunk and a new one, with no
+// host wait; the launch held on a's prefetch runs once the migration thread remaps it.
+TEST(Residency, CompositeNeedsNoHostWaitBehindAHeldLaunch) {
+  holding_on on;
+  harness h(14 * MiB);
+  void* a = held_behind_a_cached_fence(h);
+  const std::int64_t waits = h.alloc.stats().num_host_waits;
+  void* c = nullptr;
+  ASSERT_NO_THROW(c = h.alloc.allocate(8 * MiB, h.s1));
+  EXPECT_EQ(h.alloc.stats().num_host_waits, waits);
+  EXPECT_EQ(h.alloc.stats().num_composites, 1);
+  for (int i = 0; i < 4 && h.alloc.residency_of(a) != region_residency::device; ++i) h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::device);
+  h.write(h.s1, c, 8 * MiB, 0x77);
+  h.sim.run_all();
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 0x66));
+  EXPECT_TRUE(h.holds(c, 8 * MiB, 0x77));
+  h.alloc.deallocate(c);
+  h.alloc.deallocate(a);
+  h.expect_clean();
+}
+
+// Note [Composites]: segments freed with their launches still queued are the next request's memory at once, on
+// their stream, whatever its size. Their VAs are unmapped only once those launches ran (the simulated device
+// records an unmap under queued work as a violation), and a destroyed composite's chunks serve later requests.
+TEST(Residency, CompositeTakesChunksFreedMomentsBefore) {
+  for (const std::size_t budget : {12 * MiB, 14 * MiB}) {  // 14: the donors' 12 MiB and a new chunk of 2
+    SCOPED_TRACE(std::to_string(budget >> 20) + " MiB");
+    harness h(budget, /*eager=*/false);
+    void* x = h.alloc.allocate(8 * MiB, h.s1);
+    void* y = h.alloc.allocate(4 * MiB, h.s1);
+    h.write(h.s1, x, 8 * MiB, 0x11);  // queued, not run
+    h.write(h.s1, y, 4 * MiB, 0x22);
+    h.alloc.deallocate(x);
+    h.alloc.deallocate(y);
+    const allocator_stats before = h.alloc.stats();
+    void* z = nullptr;
+    ASSERT_NO_THROW(z = h.alloc.allocate(budget, h.s1));
+    allocator_stats s = h.alloc.stats();
+    EXPECT_EQ(s.num_host_waits, before.num_host_waits) << "the composite waited for the GPU";
+    EXPECT_EQ(s.num_composites, 1);
+    EXPECT_EQ(s.composite_donors, 2);
+    EXPECT_EQ(s.num_zombies_reaped, 0) << "a donor's VA was unmapped before its launches ran";
+    EXPECT_EQ(h.alloc.block_of(z).second, budget);
+    EXPECT_EQ(h.alloc.residency_of(z), region_residency::none) << "a composite is not swappable";
+    EXPECT_EQ(h.alloc.request_evict(z), false);
+    h.write(h.s1, z, budget, 0x33);
+    h.expect_clean();
+    EXPECT_LE(h.sim.live_device_bytes(), budget);
+    h.sim.run_all();  // the donors' launches, then z's
+    EXPECT_TRUE(h.holds(z, budget, 0x33));
+    h.alloc.residency_tick();  // housekeeping: fences recorded
+    h.sim.run_all();
+    h.alloc.residency_tick();  // ... and seen complete: the zombies are reaped
+    EXPECT_EQ(h.alloc.stats().num_zombies_reaped, 2);
+    h.expect_clean();
+    h.alloc.deallocate(z);
+    h.sim.run_all();
+    h.alloc.residency_tick();
+    h.sim.run_all();
+    h.alloc.residency_tick();
+    const std::int64_t chunks = h.alloc.residency().chunks_created;
+    void* w = h.alloc.allocate(8 * MiB, h.s1);  // z reclaimed (fenced): its 8 MiB chunk serves w
+    EXPECT_EQ(h.alloc.residency().chunks_created, chunks) << "the composite's chunk was not reused";
+    h.write(h.s1, w, 8 * MiB, 0x44);
+    h.sim.run_all();
+    EXPECT_TRUE(h.holds(w, 8 * MiB, 0x44));
+    h.alloc.deallocate(w);
+    h.expect_clean();
+  }
+}
+
+// Note [Composites]: with LAYERSWAP_COMPOSITES=0 the same request waits for the GPU and reclaims.
+TEST(Residency, CompositesOffReclaimsAfterAHostWait) {
+  composites_off off;
+  harness h(12 * MiB, /*eager=*/false);
+  void* x = h.alloc.allocate(8 * MiB, h.s1);
+  void* y = h.alloc.allocate(4 * MiB, h.s1);
+  h.write(h.s1, x, 8 * MiB, 0x11);
+  h.write(h.s1, y, 4 * MiB, 0x22);
+  h.alloc.deallocate(x);
+  h.alloc.deallocate(y);
+  const std::int64_t waits = h.alloc.stats().num_host_waits;
+  void* z = h.alloc.allocate(12 * MiB, h.s1);
+  EXPECT_GT(h.alloc.stats().num_host_waits, waits);
+  EXPECT_EQ(h.alloc.stats().num_composites, 0);
+  EXPECT_EQ(h.alloc.stats().num_reclaims, 2);
+  h.alloc.deallocate(z);
   h.expect_clean();
 }
 

@@ -88,10 +88,11 @@
 //   A chunk is always mapped whole: the H200's driver (580.159) refuses a map at an offset into an allocation or of
 //   a part of it (CUDA_ERROR_NOT_SUPPORTED; .dev probe, session 22), so a donor larger than n + n/8 is no use.
 //   Experimental, off by default (LAYERSWAP_COMPOSITES=1). On the H200 (1.1B LoRA at 25%, batch 4 x 2048 and
-//   8 x 2048, interleaved with it off) composites halved the reclaims' fence waits at 4 x 2048 (2.4-2.9 to 1.0-1.3
-//   a step) and cut them by a third at 8 x 2048, but the step did not move beyond the noise: most waits left are
-//   for the loss's fp32 logits (1.95 GiB) and their bf16 copy (1000 MiB), where the stream's idle memory is too
-//   little or one chunk too large. At batch 1 x 1024 none is made (no reclaim waits there).
+//   8 x 2048, interleaved with it off; docs/swapping.md, session 22) composites halved the fence waits at 4 x 2048
+//   (2.4-2.9 a step to 1.0-1.3, 9-18 ms to 6-12 ms); at 8 x 2048 they went from 3 a step to 2-2.5 but took as long
+//   (67-70 ms against 72-75). The step did not move beyond the noise. Most waits left are for the loss's fp32
+//   logits (1.95 GiB) and their bf16 copy (1000 MiB), where the stream's idle memory is too little or one chunk too
+//   large. At batch 1 x 1024 none is made (no reclaim waits there).
 //
 // Note [Slabs last]
 //   A prefetch that finds no room reclaims idle segments (reclaim_idle): large ones first, least recently freed

@@ -407,6 +407,9 @@ struct caching_allocator::impl final : detail::page_source {
   [[nodiscard]] bool donor_locked(const segment* seg, const stream_pool* pool) const noexcept;
   void retire_donor_locked(segment* seg, std::vector<std::pair<std::size_t, detail::device_chunk>>& parts);
   void reap_zombies_locked();       // unmaps the zombies whose pool's fence covers them
+  // Unmaps the first `count` parts of a composite laid out from `va` (all of them by default).
+  void unmap_parts_locked(device_ptr va, const std::vector<std::pair<std::size_t, detail::device_chunk>>& parts,
+                          std::size_t count = SIZE_MAX);
   void fence_pool_locked(stream_pool* pool);  // a host wait for everything enqueued on the pool's stream
   void fence_locked(segment* seg);
   void poll_fences_locked();
@@ -821,7 +824,9 @@ segment* caching_allocator::impl::compose_locked(stream_pool* pool, std::size_t 
   }
   if (take.empty() || sum < need) {
     std::size_t idle_pool = 0;
-    for (const segment* seg : cands) idle_pool += seg->n;
+    if (log_enabled(log_level::debug)) {
+      for (const segment* seg : cands) idle_pool += seg->n;
+    }
     LAYERSWAP_LOG(debug, "device %d: no composite for %s: the stream's %zu idle segments hold %s, %s taken of %s needed",
                   st.device, format_bytes(n << gran_shift).c_str(), cands.size(),
                   format_bytes(idle_pool << gran_shift).c_str(), format_bytes(sum << gran_shift).c_str(),
@@ -853,11 +858,7 @@ segment* caching_allocator::impl::compose_locked(stream_pool* pool, std::size_t 
     // The parts may still be mapped at their zombies, used by queued work: they become spares only once the GPU
     // is past it (a host wait, on a path the driver failed on).
     try {
-      std::size_t off = 0;
-      for (std::size_t i = 0; i < mapped; ++i) {
-        port.unmap(va + off, parts[i].first);
-        off += parts[i].first;
-      }
+      unmap_parts_locked(va, parts, mapped);
       if (va) release_va_locked(va, total);
       fence_pool_locked(pool);
       for (const auto& [bytes, chunk] : parts) engine->give_chunk_locked(bytes, chunk);
@@ -895,6 +896,15 @@ void caching_allocator::impl::retire_donor_locked(segment* seg,
   segments.erase(seg);
   delete seg;
   zombies.push_back(std::move(z));
+}
+
+void caching_allocator::impl::unmap_parts_locked(device_ptr va,
+                                                 const std::vector<std::pair<std::size_t, detail::device_chunk>>& parts,
+                                                 std::size_t count) {
+  for (std::size_t i = 0; i < parts.size() && i < count; ++i) {
+    port.unmap(va, parts[i].first);
+    va += parts[i].first;
+  }
 }
 
 void caching_allocator::impl::reap_zombies_locked() {
@@ -954,11 +964,7 @@ void caching_allocator::impl::destroy_segment_locked(segment* seg) {
   }
   if (!seg->parts.empty()) {  // Note [Composites]: its chunks become spares, once no zombie maps them
     reap_zombies_locked();
-    std::size_t off = 0;
-    for (const auto& [bytes, chunk] : seg->parts) {
-      port.unmap(seg->va + off, bytes);
-      off += bytes;
-    }
+    unmap_parts_locked(seg->va, seg->parts);
     for (const auto& [bytes, chunk] : seg->parts) engine->give_chunk_locked(bytes, chunk);
     seg->parts.clear();
   }
@@ -1281,11 +1287,8 @@ void caching_allocator::impl::poll_fences_locked() {
 // For a prefetch: large idle segments first, slabs only when those do not make the room (Note [Slabs last]).
 void caching_allocator::impl::reclaim_idle(std::size_t n) {
   poll_fences_locked();
-  auto room = [&] {  // pages a request could have without reclaiming
-    return unused_pages_locked() + (engine ? engine->spare_pages_locked() : 0);
-  };
   for (const bool slabs : {false, true}) {
-    for (segment* seg = idle.head; seg && room() < n;) {
+    for (segment* seg = idle.head; seg && room_now_locked() < n;) {
       segment* next = seg->idle_hook.next;
       if (seg->slab == slabs && reclaimable_now_locked(seg)) {  // its pages join the pool, its chunk the spares
         destroy_segment_locked(seg);

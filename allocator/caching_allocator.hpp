@@ -30,6 +30,7 @@ struct allocator_options {
   std::size_t small_max = std::size_t{1} << 20;   // requests up to this are packed into slabs
   double oversize = 1.0;  // LAYERSWAP_OVERSIZE: Note [Oversize reuse] in caching_allocator.cpp; 1 = off
   bool composites = false;  // LAYERSWAP_COMPOSITES: Note [Composites] in caching_allocator.cpp (residency only)
+  bool split = false;       // LAYERSWAP_SPLIT: Note [Split segments] in caching_allocator.cpp (residency only)
   residency_options residency;                    // swapping (allocator/residency.hpp); off by default
 };
 
@@ -72,6 +73,7 @@ struct allocator_stats {
   std::int64_t num_composites = 0;     // large segments made of idle segments' chunks, no host wait (Note [Composites])
   std::int64_t composite_donors = 0;   // ... the idle segments they took
   std::int64_t num_zombies_reaped = 0;  // ... whose VA was unmapped once the GPU was past it
+  std::int64_t num_splits = 0;  // large allocations served by a range of a larger segment (Note [Split segments])
   std::int64_t segment_new_ns = 0;    // time making segments (memory gathered, mapped), reclaims and evictions included
   std::int64_t segment_destroy_ns = 0;  // time destroying segments (unmapped, memory pooled)
 };

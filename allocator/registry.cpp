@@ -102,6 +102,7 @@ caching_allocator& allocator_for(int device) {
   opts.va_reserve = cfg.va_reserve;
   opts.oversize = cfg.oversize;
   opts.composites = cfg.composites;
+  opts.split = cfg.split;
   // Swapping (allocator/residency.hpp): the engine runs when layerswap is on; its thread only under a budget, and
   // it moves regions only while the launch tracker feeds the residency gate.
   opts.residency.enabled = cfg.enabled;
@@ -169,7 +170,7 @@ std::string stats_report() {
                   "layerswap: device %d: budget %s; device memory held %s (peak %s); allocated %s (peak %s) in %lld "
                   "allocations; %lld segments; cached %s; physical allocations made %lld, released %lld; reclaim "
                   "retries %lld, host waits %lld, OOMs %lld; %.3f s in %lld allocate/free calls; idle segments reclaimed %lld "
-                  "for allocations, %lld for prefetches, %lld reused oversize; %lld composites of %lld idle segments\n",
+                  "for allocations, %lld for prefetches, %lld reused oversize; %lld composites of %lld idle segments; %lld split\n",
                   st.device, st.budget ? format_bytes(st.budget).c_str() : "none",
                   format_bytes(static_cast<std::uint64_t>(st.device_bytes.current)).c_str(),
                   format_bytes(static_cast<std::uint64_t>(st.device_bytes.peak)).c_str(),
@@ -182,7 +183,8 @@ std::string stats_report() {
                   static_cast<long long>(st.num_ooms), static_cast<double>(st.call_ns) * 1e-9,
                   static_cast<long long>(st.num_calls), static_cast<long long>(st.num_reclaims),
                   static_cast<long long>(st.num_engine_reclaims), static_cast<long long>(st.num_oversize_reuses),
-                  static_cast<long long>(st.num_composites), static_cast<long long>(st.composite_donors));
+                  static_cast<long long>(st.num_composites), static_cast<long long>(st.composite_donors),
+                  static_cast<long long>(st.num_splits));
     out += line;
     const residency_stats r = a->residency();
     if (r.evictions || r.prefetches || r.abandoned || r.host_bytes) {

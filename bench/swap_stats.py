@@ -36,7 +36,8 @@ CAUSES = [("segs", "segments.allocated", "{:.0f}"), ("new s", "segment_new_s", "
           ("for size", "chunks_released_for_size", "{:.0f}"), ("for pages", "chunks_released_for_pages", "{:.0f}"),
           ("policy", "policy_s", "{:.3f}"), ("maintain", "maintain_s", "{:.3f}"), ("room", "room_s", "{:.3f}"),
           ("waits", "num_lock_waits", "{:.0f}"), ("spun", "num_lock_spins", "{:.0f}"),
-          ("composed", "num_composites", "{:.0f}"), ("donors", "composite_donors", "{:.0f}")]
+          ("composed", "num_composites", "{:.0f}"), ("donors", "composite_donors", "{:.0f}"),
+          ("split", "num_splits", "{:.0f}")]
 
 
 def rows(res):

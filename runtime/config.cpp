@@ -27,7 +27,7 @@ namespace {
 enum row : std::size_t {
   row_enable, row_budget, row_log, row_stats, row_va_reserve, row_track, row_track_api, row_trace,
   row_prefetch, row_pin, row_host_limit, row_hold, row_writeback, row_oversize, row_cache_reserve,
-  row_composites, row_count
+  row_composites, row_split, row_count
 };
 
 constexpr setting_info k_settings[row_count] = {
@@ -80,6 +80,10 @@ constexpr setting_info k_settings[row_count] = {
      "Experimental: when the budget has no room for a new large segment without waiting for the GPU, make it from "
      "the chunks of segments its stream freed, at once, as PyTorch reuses freed memory on a stream (0: reclaim them, "
      "waiting for the GPU to finish with them first)"},
+    {"LAYERSWAP_SPLIT", "0", "0 or 1 (also true/false, on/off, yes/no)",
+     "Experimental: when the budget has no room for a new large segment, serve a large allocation from a range of a "
+     "larger segment its stream freed (at most 4 times its size), as PyTorch splits cached blocks (0: reclaim "
+     "segments of other sizes and make a new one)"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";
@@ -451,6 +455,7 @@ std::string config::describe() const {
   }
   line(row_cache_reserve, cache_reserve_text(*this), "  (default)");
   line(row_composites, composites ? "1" : "0", "  (default)");
+  line(row_split, split ? "1" : "0", "  (default)");
   for (const auto& message : unknown) {
     out += message;
     out += '\n';
@@ -506,6 +511,7 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
   if (const auto composites = given(row_composites)) {
     result.composites = parse_bool(k_settings[row_composites].name, *composites);
   }
+  if (const auto split = given(row_split)) result.split = parse_bool(k_settings[row_split].name, *split);
 
   if (const auto reserve = given(row_va_reserve)) {
     const auto* name = k_settings[row_va_reserve].name;

@@ -73,6 +73,9 @@ struct config {
   // LAYERSWAP_COMPOSITES: a large segment made at once from the chunks of segments its stream freed, rather than
   // after a wait for the GPU (caching_allocator.cpp, Note [Composites]). Experimental, off by default.
   bool composites = false;
+  // LAYERSWAP_SPLIT: a large allocation served by a range of a larger segment its stream freed, rather than a new
+  // segment (caching_allocator.cpp, Note [Split segments]). Experimental, off by default.
+  bool split = false;
   // Whether the launch tracker should run (LAYERSWAP_TRACK against `enabled`).
   [[nodiscard]] bool tracking() const noexcept {
     return track == track_mode::on || track == track_mode::subscribe_only ||

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -86,6 +87,13 @@ struct composites_off {
   composites_off() { g_composites = false; }
   ~composites_off() { g_composites = true; }
 };
+// ... and allocator_options::split (Note [Split segments]): off, as by default; split_on for one test, and the
+// stress tests on half their seeds.
+bool g_split = false;
+struct split_on {
+  split_on() { g_split = true; }
+  ~split_on() { g_split = false; }
+};
 
 struct harness {
   explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true,
@@ -120,6 +128,7 @@ struct harness {
     };
     o.residency.idle_period = g_idle_period;
     o.composites = g_composites;
+    o.split = g_split;
     return o;
   }
 
@@ -1206,7 +1215,7 @@ enum class forecast_mode { right, wrong, absent };
 // `holding`: launches are held on the GPU for prefetches in flight (Note [Holding a launch on the GPU]), on an
 // eager device without the migration thread, so that the test's ticks finish the prefetches they wait for.
 void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats& out, std::int64_t& reuses,
-            std::int64_t& composites, bool holding = false, bool one_stream = false) {
+            std::int64_t& composites, std::int64_t& splits, bool holding = false, bool one_stream = false) {
   std::mt19937 rng(seed);
   auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
   const std::size_t budget = (6 + pick(14)) * 2 * MiB;
@@ -1219,8 +1228,9 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   const double oversize = seed % 2 == 0 ? 2.0 : 1.0;  // Note [Oversize reuse] on every other seed
   const bool cache_auto = (seed / 2) % 2 == 1;         // Note [Cache reserve] on half the seeds, both oversizes
   g_composites = seed % 3 != 0;                       // Note [Composites] on two seeds in three
+  g_split = seed % 4 == 1 || seed % 4 == 2;           // Note [Split segments] on half the seeds, both oversizes
   struct composites_on {
-    ~composites_on() { g_composites = true; }
+    ~composites_on() { g_composites = true; g_split = false; }
   } restore_composites;
   harness h(budget, eager, thread, true, true, true, oversize, cache_auto);
   stream_handle streams[] = {h.s1, one_stream ? h.s1 : h.s2, one_stream ? h.s1 : nullptr};
@@ -1230,7 +1240,7 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   std::size_t ooms = 0;
   SCOPED_TRACE("seed " + std::to_string(seed) + " budget " + std::to_string(budget >> 20) + " MiB eager " +
                std::to_string(eager) + " thread " + std::to_string(thread) + " oversize " + std::to_string(oversize) +
-               " cache reserve " + (cache_auto ? "auto" : "none") + " composites " + std::to_string(g_composites));
+               " cache reserve " + (cache_auto ? "auto" : "none") + " composites " + std::to_string(g_composites) + " split " + std::to_string(g_split));
 
   auto refresh_forecast = [&] {
     if (mode == forecast_mode::absent) return;
@@ -1332,6 +1342,7 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   out = h.alloc.residency();
   reuses = h.alloc.stats().num_oversize_reuses;
   composites = h.alloc.stats().num_composites;
+  splits = h.alloc.stats().num_splits;
 }
 
 // Runs seeds [first, last] and checks that they swapped at all (a stress test that moves nothing proves nothing).
@@ -1339,14 +1350,15 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
 void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, bool thread, bool holding = false,
                   bool one_stream = false) {
   residency_stats sum;
-  std::int64_t reuses = 0, composites = 0;
+  std::int64_t reuses = 0, composites = 0, splits = 0;
   const std::uint64_t holds_before = residency_gate::waits().holds;
   for (std::uint32_t seed = first; seed <= last; ++seed) {
     residency_stats st;
-    std::int64_t seed_reuses = 0, seed_composites = 0;
-    stress(seed, mode, thread, st, seed_reuses, seed_composites, holding, one_stream);
+    std::int64_t seed_reuses = 0, seed_composites = 0, seed_splits = 0;
+    stress(seed, mode, thread, st, seed_reuses, seed_composites, seed_splits, holding, one_stream);
     reuses += seed_reuses;
     composites += seed_composites;
+    splits += seed_splits;
     if (::testing::Test::HasFatalFailure()) return;
     sum.evictions += st.evictions;
     sum.prefetches += st.prefetches;
@@ -1362,10 +1374,11 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
               static_cast<long long>(sum.evictions), static_cast<long long>(sum.stall_evictions),
               static_cast<long long>(sum.prefetches), static_cast<long long>(sum.abandoned),
               static_cast<long long>(sum.cancelled));
-  std::printf("  write-backs: %lld checked, %lld skipped (clean); oversize reuses: %lld; composites: %lld; cache misses "
-              "%lld, largest cache reserve at a seed's end %lld bytes\n",
+  std::printf("  write-backs: %lld checked, %lld skipped (clean); oversize reuses: %lld; composites: %lld; splits: "
+              "%lld; cache misses %lld, largest cache reserve at a seed's end %lld bytes\n",
               static_cast<long long>(sum.writeback_checked), static_cast<long long>(sum.writeback_skipped),
-              static_cast<long long>(reuses), static_cast<long long>(composites), static_cast<long long>(sum.cache_misses),
+              static_cast<long long>(reuses), static_cast<long long>(composites), static_cast<long long>(splits),
+              static_cast<long long>(sum.cache_misses),
               static_cast<long long>(sum.cache_reserve_bytes));
   EXPECT_GT(sum.evictions, 0);
   EXPECT_GT(sum.prefetches, 0);
@@ -1379,6 +1392,9 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
   }
   if (!thread && !holding) {
     EXPECT_GT(composites, 0) << "no composite (Note [Composites]) was made under the checks";
+  }
+  if (!thread) {
+    EXPECT_GT(splits, 0) << "no split segment (Note [Split segments]) served an allocation under the checks";
   }
   if (holding) {
     const std::uint64_t holds = residency_gate::waits().holds - holds_before;
@@ -1777,6 +1793,94 @@ TEST(Residency, CompositesOffReclaimsAfterAHostWait) {
   EXPECT_EQ(h.alloc.stats().num_reclaims, 2);
   h.alloc.deallocate(z);
   h.expect_clean();
+}
+
+// Note [Split segments]: under a full budget a large request takes a range of a larger segment its stream freed, at
+// once (its queued work still to run), with no driver call; a range freed while another stream reads it stays taken
+// until that stream is past it; the last range freed makes the segment whole again, cached for its size.
+TEST(Residency, SplitServesARequestFromASegmentItsStreamFreed) {
+  split_on on;
+  harness h(16 * MiB, /*eager=*/false);
+  auto* big = static_cast<char*>(h.alloc.allocate(8 * MiB, h.s1));
+  void* fill = h.alloc.allocate(8 * MiB, h.s1);  // the budget is full
+  h.write(h.s1, big, 8 * MiB, 0x11);              // queued, not run
+  h.write(h.s1, fill, 8 * MiB, 0x12);
+  h.alloc.deallocate(big);
+  const std::size_t creates = h.sim.num_creates(), maps = h.sim.num_maps();
+  const std::int64_t waits = h.alloc.stats().num_host_waits;
+  void* a = h.alloc.allocate(2 * MiB, h.s1);
+  void* b = h.alloc.allocate(4 * MiB - 4096, h.s1);
+  EXPECT_EQ(a, big);
+  EXPECT_EQ(b, big + 2 * MiB) << "the free rest of the segment serves the next request";
+  allocator_stats st = h.alloc.stats();
+  EXPECT_EQ(st.num_splits, 2);
+  EXPECT_EQ(st.num_reclaims, 0);
+  EXPECT_EQ(st.num_host_waits, waits) << "a split waited for the GPU";
+  EXPECT_EQ(h.sim.num_creates(), creates);
+  EXPECT_EQ(h.sim.num_maps(), maps);
+  EXPECT_EQ(st.large.allocated_bytes.current, static_cast<std::int64_t>(14 * MiB));
+  EXPECT_EQ(h.alloc.block_of(static_cast<char*>(b) + 4096).first, b);
+  EXPECT_EQ(h.alloc.block_of(b).second, 4 * MiB);
+  h.write(h.s1, a, 2 * MiB, 0x21);
+  h.write(h.s1, b, 4 * MiB - 4096, 0x22);
+  h.expect_clean();
+  h.sim.run_all();  // big's write, then a's and b's over it
+  EXPECT_TRUE(h.holds(a, 2 * MiB, 0x21));
+  EXPECT_TRUE(h.holds(b, 4 * MiB - 4096, 0x22));
+  EXPECT_TRUE(h.holds(fill, 8 * MiB, 0x12));
+  h.read(h.s2, a, 2 * MiB);  // queued on another stream
+  h.alloc.record_stream(a, h.s2);
+  EXPECT_TRUE(h.alloc.deallocate(a));
+  EXPECT_FALSE(h.alloc.deallocate(a)) << "a range freed twice";
+  h.expect_clean();
+  void* c = h.alloc.allocate(2 * MiB, h.s1);
+  EXPECT_EQ(c, big + 6 * MiB) << "the range s2 still reads was handed out again";
+  h.write(h.s1, c, 2 * MiB, 0x23);
+  h.sim.run_all();
+  EXPECT_TRUE(h.holds(c, 2 * MiB, 0x23));
+  EXPECT_TRUE(h.holds(b, 4 * MiB - 4096, 0x22));
+  h.alloc.deallocate(b);
+  h.alloc.deallocate(c);
+  h.expect_clean();
+  void* d = h.alloc.allocate(8 * MiB, h.s1);  // the pending range released first: the segment whole again
+  EXPECT_EQ(d, big);
+  EXPECT_EQ(h.sim.num_creates(), creates);
+  EXPECT_EQ(h.alloc.stats().num_splits, 3);
+  h.alloc.deallocate(d);
+  h.alloc.deallocate(fill);
+  h.expect_clean();
+}
+
+// Note [Split segments]: off by default; on, a request takes no range of another stream's segment, nor of a segment
+// more than k_split_most times its size: those reclaim as before.
+TEST(Residency, SplitOnlyFromItsStreamAndWithinTheBound) {
+  struct variant {
+    const char* what;
+    bool split;
+    std::size_t idle;  // the freed segment's size, the rest of the 16 MiB budget filled
+    bool other_stream;
+  };
+  for (const variant v : {variant{"off", false, 8 * MiB, false}, variant{"another stream", true, 8 * MiB, true},
+                          variant{"five times the size", true, 10 * MiB, false}}) {
+    SCOPED_TRACE(v.what);
+    std::optional<split_on> on;
+    if (v.split) on.emplace();
+    harness h(16 * MiB, /*eager=*/false);
+    void* big = h.alloc.allocate(v.idle, h.s1);
+    void* fill = h.alloc.allocate(16 * MiB - v.idle, h.s1);
+    h.write(h.s1, big, v.idle, 0x11);
+    h.alloc.deallocate(big);
+    void* a = h.alloc.allocate(2 * MiB, v.other_stream ? h.s2 : h.s1);
+    const allocator_stats st = h.alloc.stats();
+    EXPECT_EQ(st.num_splits, 0);
+    EXPECT_EQ(st.num_reclaims, 1) << "the idle segment was reclaimed for a new one";
+    h.write(v.other_stream ? h.s2 : h.s1, a, 2 * MiB, 0x21);
+    h.sim.run_all();
+    EXPECT_TRUE(h.holds(a, 2 * MiB, 0x21));
+    h.alloc.deallocate(a);
+    h.alloc.deallocate(fill);
+    h.expect_clean();
+  }
 }
 
 // Note [Holds], the migration thread's side: the gate refuses the remap of a prefetch that has a launch held on it

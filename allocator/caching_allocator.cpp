@@ -461,6 +461,7 @@ struct caching_allocator::impl final : detail::page_source {
   [[nodiscard]] bool splittable_locked(const segment* seg) const noexcept;
   void release_range_locked(segment* seg, std::uint32_t first);
   void cache_large_locked(segment* seg);  // a large segment with nothing live: cached, or retired if host-backed
+  void log_cache_miss_locked(const stream_pool* pool, std::size_t bytes) const;
   void make_idle_locked(segment* seg);
   void process_pending_locked(bool wait);
   event_handle take_event_locked();
@@ -1096,6 +1097,7 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
   segment* seg = nullptr;
   const std::size_t last = std::min(pool->free_by_pages.size(), npages + npages / 8 + 1);
   for (std::size_t n = npages; n < last && !seg; ++n) seg = pool->free_by_pages[n].head;
+  if (!seg && log_enabled(log_level::debug) && !room_for_new_locked(npages)) log_cache_miss_locked(pool, bytes);
   if (!seg && options.split && engine && !room_for_new_locked(npages)) {  // Note [Split segments]
     if (void* p = allocate_split_locked(bytes, npages, pool)) return p;
   }
@@ -1164,6 +1166,32 @@ void caching_allocator::impl::cache_large_locked(segment* seg) {
   }
   seg->pool->free_by_pages[seg->npages()].push_back(seg);
   make_idle_locked(seg);
+}
+
+// A large request found no cached segment of its size and no room for a new one (LAYERSWAP_LOG=debug): what its
+// stream's cache held then, to tell which sizes turn into which.
+void caching_allocator::impl::log_cache_miss_locked(const stream_pool* pool, std::size_t bytes) const {
+  std::string sizes;
+  std::size_t shown = 0, idle_here = 0;
+  for (std::size_t n = pool->free_by_pages.size(); n-- > 0;) {
+    std::size_t count = 0;
+    for (const segment* s = pool->free_by_pages[n].head; s; s = s->pool_hook.next) ++count;
+    if (count == 0) continue;
+    idle_here += count * (n << gran_shift);
+    if (shown++ < 12) sizes += (sizes.empty() ? "" : ", ") + std::to_string(count) + " x " + format_bytes(n << gran_shift);
+  }
+  std::size_t split_free = 0;
+  for (const segment* s : pool->split) {
+    for (const split_range& r : s->ranges) {
+      if (r.state == range_state::free) split_free += std::size_t{r.n} << gran_shift;
+    }
+  }
+  LAYERSWAP_LOG(debug, "device %d: a large request of %s misses the cache with %s of room; its stream's idle segments: "
+                "%s (%s in all; %s in other idle segments and slabs); %s free in %zu split segments", st.device,
+                format_bytes(bytes).c_str(), format_bytes(room_now_locked() << gran_shift).c_str(),
+                sizes.empty() ? "none" : sizes.c_str(), format_bytes(idle_here).c_str(),
+                format_bytes((idle.pages << gran_shift) - std::min(idle.pages << gran_shift, idle_here)).c_str(),
+                format_bytes(split_free).c_str(), pool->split.size());
 }
 
 // ---- split segments (Note [Split segments]) ----

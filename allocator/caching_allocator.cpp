@@ -102,8 +102,8 @@
 //   chunk: on the H200 (1.1B LoRA at 25%, batch 4 x 2048) 45 reclaims and 55 chunks a step, 25-31 ms of driver calls
 //   on the program's threads. With LAYERSWAP_SPLIT=1 (experimental, residency only), such a request that has no room
 //   for a new segment without reclaiming takes a range of granules instead: the smallest free range of a split
-//   segment of its pool, or the smallest idle segment of its pool above the reuse window, at most k_split_most times
-//   its size. Same stream, so no fence and no driver call: the reuse PyTorch makes (Note [Stream-ordered reuse]).
+//   segment of its pool, or the smallest idle segment of its pool above the reuse window, at most LAYERSWAP_SPLIT
+//   times its size (4 with LAYERSWAP_SPLIT=1). Same stream, so no fence and no driver call: the reuse PyTorch makes (Note [Stream-ordered reuse]).
 //   The segment keeps its ranges in offset order, covering it; a freed range joins its free neighbours, and when the
 //   last one is freed the segment is idle again, whole. Only device-backed segments that are not moving are split,
 //   and a split segment stays live (memory that cannot move, for the policy) until its last range is freed; the
@@ -322,9 +322,6 @@ inline constexpr std::chrono::microseconds k_lock_spin{200};
 
 // Note [Composites]: the most chunks one composite maps (a mapping each, and each unmapped when it goes).
 inline constexpr std::size_t k_most_parts = 32;
-
-// Note [Split segments]: a request takes a range of a segment at most this many times its size.
-inline constexpr std::size_t k_split_most = 4;
 
 struct caching_allocator::impl final : detail::page_source {
   impl(driver& p, allocator_options o);
@@ -1098,7 +1095,7 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
   const std::size_t last = std::min(pool->free_by_pages.size(), npages + npages / 8 + 1);
   for (std::size_t n = npages; n < last && !seg; ++n) seg = pool->free_by_pages[n].head;
   if (!seg && log_enabled(log_level::debug) && !room_for_new_locked(npages)) log_cache_miss_locked(pool, bytes);
-  if (!seg && options.split && engine && !room_for_new_locked(npages)) {  // Note [Split segments]
+  if (!seg && options.split > 1 && engine && !room_for_new_locked(npages)) {  // Note [Split segments]
     if (void* p = allocate_split_locked(bytes, npages, pool)) return p;
   }
   if (!seg && options.oversize > 1.0 && !room_for_new_locked(npages)) {  // Note [Oversize reuse]
@@ -1203,7 +1200,7 @@ bool caching_allocator::impl::splittable_locked(const segment* seg) const noexce
 }
 
 void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool) {
-  const std::size_t most = npages * k_split_most;
+  const std::size_t most = npages * options.split;
   segment* best = nullptr;
   std::size_t best_n = most + 1;
   std::size_t best_range = 0;

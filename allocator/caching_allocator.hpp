@@ -30,7 +30,9 @@ struct allocator_options {
   std::size_t small_max = std::size_t{1} << 20;   // requests up to this are packed into slabs
   double oversize = 1.0;  // LAYERSWAP_OVERSIZE: Note [Oversize reuse] in caching_allocator.cpp; 1 = off
   bool composites = false;  // LAYERSWAP_COMPOSITES: Note [Composites] in caching_allocator.cpp (residency only)
-  bool split = false;       // LAYERSWAP_SPLIT: Note [Split segments] in caching_allocator.cpp (residency only)
+  // LAYERSWAP_SPLIT: Note [Split segments] in caching_allocator.cpp (residency only): 0 = off, else the most times
+  // its size a segment is that a large request takes a range of.
+  std::size_t split = 0;
   residency_options residency;                    // swapping (allocator/residency.hpp); off by default
 };
 

@@ -80,10 +80,10 @@ constexpr setting_info k_settings[row_count] = {
      "Experimental: when the budget has no room for a new large segment without waiting for the GPU, make it from "
      "the chunks of segments its stream freed, at once, as PyTorch reuses freed memory on a stream (0: reclaim them, "
      "waiting for the GPU to finish with them first)"},
-    {"LAYERSWAP_SPLIT", "0", "0 or 1 (also true/false, on/off, yes/no)",
+    {"LAYERSWAP_SPLIT", "0", "0 or 1 (also true/false, on/off, yes/no), or a whole number from 2 to 1024",
      "Experimental: when the budget has no room for a new large segment, serve a large allocation from a range of a "
-     "larger segment its stream freed (at most 4 times its size), as PyTorch splits cached blocks (0: reclaim "
-     "segments of other sizes and make a new one)"},
+     "larger segment its stream freed, as PyTorch splits cached blocks: at most 4 times its size with 1, at most N "
+     "times with N (0: reclaim segments of other sizes and make a new one)"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";
@@ -214,6 +214,8 @@ std::size_t parse_decimal(std::string_view s, decimal& out) noexcept {
   }
   return digits == 0 ? 0 : i;
 }
+
+constexpr const char* k_bool_words[] = {"1", "true", "on", "yes", "0", "false", "off", "no"};
 
 bool parse_bool(std::string_view name, std::string_view value) {
   const auto v = trim(value);
@@ -455,7 +457,7 @@ std::string config::describe() const {
   }
   line(row_cache_reserve, cache_reserve_text(*this), "  (default)");
   line(row_composites, composites ? "1" : "0", "  (default)");
-  line(row_split, split ? "1" : "0", "  (default)");
+  line(row_split, split == 0 ? "0" : std::to_string(split), "  (default)");
   for (const auto& message : unknown) {
     out += message;
     out += '\n';
@@ -511,7 +513,20 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
   if (const auto composites = given(row_composites)) {
     result.composites = parse_bool(k_settings[row_composites].name, *composites);
   }
-  if (const auto split = given(row_split)) result.split = parse_bool(k_settings[row_split].name, *split);
+  if (const auto split = given(row_split)) {
+    const std::string_view text = trim(*split);
+    std::uint32_t n = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+    if (ec == std::errc{} && end == text.data() + text.size() && n >= 2 && n <= 1024) {
+      result.split = n;
+    } else if (std::any_of(std::begin(k_bool_words), std::end(k_bool_words),
+                           [&](const char* w) { return iequals(text, w); })) {
+      result.split = parse_bool(k_settings[row_split].name, *split) ? 4 : 0;
+    } else {
+      reject(k_settings[row_split].name, *split, "is not 0, 1 or a whole number from 2 to 1024",
+             k_settings[row_split].accepted);
+    }
+  }
 
   if (const auto reserve = given(row_va_reserve)) {
     const auto* name = k_settings[row_va_reserve].name;

@@ -74,8 +74,9 @@ struct config {
   // after a wait for the GPU (caching_allocator.cpp, Note [Composites]). Experimental, off by default.
   bool composites = false;
   // LAYERSWAP_SPLIT: a large allocation served by a range of a larger segment its stream freed, rather than a new
-  // segment (caching_allocator.cpp, Note [Split segments]). Experimental, off by default.
-  bool split = false;
+  // segment (caching_allocator.cpp, Note [Split segments]): 0 = off (the default, experimental), else the most times
+  // the request's size that segment may be (on = 4).
+  std::uint32_t split = 0;
   // Whether the launch tracker should run (LAYERSWAP_TRACK against `enabled`).
   [[nodiscard]] bool tracking() const noexcept {
     return track == track_mode::on || track == track_mode::subscribe_only ||

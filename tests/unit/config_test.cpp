@@ -64,7 +64,7 @@ std::string config_error_of(const vars& v) {
 
 TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   const auto table = settings_table();
-  ASSERT_EQ(table.size(), 16u);
+  ASSERT_EQ(table.size(), 17u);
   std::vector<std::string> names;
   for (const auto& info : table) {
     names.emplace_back(info.name);
@@ -75,7 +75,7 @@ TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
                                              "LAYERSWAP_VA_RESERVE", "LAYERSWAP_TRACK", "LAYERSWAP_TRACK_API", "LAYERSWAP_TRACE",
                                              "LAYERSWAP_PREFETCH", "LAYERSWAP_PIN", "LAYERSWAP_HOST_LIMIT", "LAYERSWAP_HOLD",
                                              "LAYERSWAP_WRITEBACK", "LAYERSWAP_OVERSIZE",
-                                             "LAYERSWAP_CACHE_RESERVE", "LAYERSWAP_COMPOSITES"}));
+                                             "LAYERSWAP_CACHE_RESERVE", "LAYERSWAP_COMPOSITES", "LAYERSWAP_SPLIT"}));
   EXPECT_STREQ(row("LAYERSWAP").default_value, "0");
   EXPECT_STREQ(row("LAYERSWAP_BUDGET").default_value, "none");
   EXPECT_STREQ(row("LAYERSWAP_LOG").default_value, "warn");
@@ -536,7 +536,8 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_WRITEBACK=skip-clean  (default)\n"
             "LAYERSWAP_OVERSIZE=1  (default)\n"
             "LAYERSWAP_CACHE_RESERVE=auto  (default)\n"
-            "LAYERSWAP_COMPOSITES=0  (default)\n");
+            "LAYERSWAP_COMPOSITES=0  (default)\n"
+            "LAYERSWAP_SPLIT=0  (default)\n");
 }
 
 TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
@@ -562,6 +563,7 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_OVERSIZE=1  (default)\n"
             "LAYERSWAP_CACHE_RESERVE=auto  (default)\n"
             "LAYERSWAP_COMPOSITES=0  (default)\n"
+            "LAYERSWAP_SPLIT=0  (default)\n"
             "unknown setting LAYERSWAP_BUGDET=1 (did you mean LAYERSWAP_BUDGET?)\n");
 }
 
@@ -733,6 +735,17 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_COMPOSITES", " on "}}).composites);
   EXPECT_NE(parse_config(vars{{"LAYERSWAP_COMPOSITES", "1"}}).describe().find("LAYERSWAP_COMPOSITES=1\n"),
             std::string::npos);
+  EXPECT_EQ(parse_config(vars{}).split, 0u);
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT", " on "}}).split, 4u);
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT", "1"}}).split, 4u);
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT", "off"}}).split, 0u);
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT", "16"}}).split, 16u);
+  EXPECT_NE(parse_config(vars{{"LAYERSWAP_SPLIT", "16"}}).describe().find("LAYERSWAP_SPLIT=16\n"), std::string::npos);
+  for (const char* bad : {"1025", "1.5", "-2", "many"}) {
+    const std::string why = config_error_of(vars{{"LAYERSWAP_SPLIT", bad}});
+    EXPECT_NE(why.find("LAYERSWAP_SPLIT"), std::string::npos) << bad << ": " << why;
+    EXPECT_NE(why.find("2 to 1024"), std::string::npos) << bad << ": " << why;
+  }
   EXPECT_TRUE(parse_config(vars{}).cache_reserve_auto);
   EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_CACHE_RESERVE", " Auto "}}).cache_reserve_auto);
   for (const char* off : {"none", "0", " NONE "}) {

@@ -128,7 +128,7 @@ struct harness {
     };
     o.residency.idle_period = g_idle_period;
     o.composites = g_composites;
-    o.split = g_split;
+    o.split = g_split ? 4 : 0;
     return o;
   }
 
@@ -1852,7 +1852,7 @@ TEST(Residency, SplitServesARequestFromASegmentItsStreamFreed) {
 }
 
 // Note [Split segments]: off by default; on, a request takes no range of another stream's segment, nor of a segment
-// more than k_split_most times its size: those reclaim as before.
+// more than LAYERSWAP_SPLIT times its size (4 here): those reclaim as before.
 TEST(Residency, SplitOnlyFromItsStreamAndWithinTheBound) {
   struct variant {
     const char* what;

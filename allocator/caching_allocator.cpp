@@ -110,6 +110,16 @@
 //   engine may still evict it whole under pressure, and a host-backed one hands out no ranges. The bound keeps a small
 //   request from pinning a much larger segment: the free ranges of a live segment are room nobody else can use.
 //
+// Note [Reclaim by fit]
+//   A request that finds no room reclaims idle segments whose work the GPU has finished (fenced), one at a time, until
+//   the room covers it. Least recently freed first (LAYERSWAP_RECLAIM=oldest) destroys whatever is oldest: on the
+//   H200 at batch 4 x 2048 of the 1.1B LoRA at 25% that was often one of the loss's 1000 MiB or 500 MiB segments for an
+//   88 MiB activation (a debug log per miss, session 23), and at the next loss the big request swept a dozen small
+//   segments to make it again. With LAYERSWAP_RECLAIM=fit (the default) a request reclaims the smallest fenced idle
+//   segment that covers what it still lacks, else the largest one, so big segments stay for big requests and fewer
+//   segments go per request. The wait for an unfenced one, when no fenced one is left, still takes the oldest (its
+//   work is the likeliest to be done). The policy's own reclaims for prefetches keep their order (Note [Slabs last]).
+//
 // Note [Slabs last]
 //   A prefetch that finds no room reclaims idle segments (reclaim_idle): large ones first, least recently freed
 //   first, and slabs only when the large ones do not make the room. A reclaimed slab's pages are released for the
@@ -414,7 +424,8 @@ struct caching_allocator::impl final : detail::page_source {
   segment* new_chunk_segment_locked(stream_pool* pool, std::size_t bytes, std::size_t request);
   std::vector<phys_handle> gather_pages_locked(std::size_t n, std::size_t request);
   detail::device_chunk gather_chunk_locked(std::size_t n, std::size_t request, bool miss_noted = false);
-  bool free_some_locked(bool& retried);
+  // `want`: the granules the request still lacks (Note [Reclaim by fit]); 0: unknown.
+  bool free_some_locked(bool& retried, std::size_t want = 0);
   bool room_for_new_locked(std::size_t n) const noexcept;  // a new segment of n pages fits without reclaiming
   std::size_t obtainable_pages_locked() const noexcept;  // pooled + idle segments + budget headroom
   // Pages a request can have without reclaiming or evicting: pooled ones and the budget's headroom (none without one).
@@ -425,8 +436,8 @@ struct caching_allocator::impl final : detail::page_source {
   // A new segment's record: `pages` (none for a chunk) mapped at `va`, owned by `pool`, known to the owner table.
   segment* add_segment_locked(stream_pool* pool, device_ptr va, std::size_t bytes, std::vector<phys_handle> pages);
   void release_idle_pages_locked();
-  bool reclaim_one_locked();
-  bool reclaim_fenced_locked();  // reclaim_one_locked() without a host wait: false when no idle segment is fenced
+  bool reclaim_one_locked(std::size_t want = 0);
+  bool reclaim_fenced_locked(std::size_t want = 0);  // reclaim_one_locked() without a host wait: false when none is fenced
   // Pages a new large segment could have now without a host wait: pooled pages, the budget's headroom, spare chunks.
   [[nodiscard]] std::size_t room_now_locked() const noexcept {
     return unused_pages_locked() + (engine ? engine->spare_pages_locked() : 0);
@@ -677,7 +688,7 @@ std::vector<phys_handle> caching_allocator::impl::gather_pages_locked(std::size_
     // The engine's spare chunks are free memory (residency.cpp, Note [Chunks]): to the budget before anything.
     if (engine && engine->release_spare_locked(n - out.size()) != 0) continue;
     // Pages `out` already holds stay with this request while the cache is reclaimed or a region evicted.
-    if (free_some_locked(retried)) continue;
+    if (free_some_locked(retried, n - out.size())) continue;
     give_back();
     throw_oom_locked(request);
   }
@@ -688,16 +699,16 @@ std::vector<phys_handle> caching_allocator::impl::gather_pages_locked(std::size_
 // least recently freed first (waiting for the other streams' blocks if that is what is left), then a synchronous
 // eviction (Note [Allocation under pressure] in residency.cpp). True when it freed something, so the request tries
 // again; false when nothing is left (out of memory). `retried` counts the request once in num_alloc_retries.
-bool caching_allocator::impl::free_some_locked(bool& retried) {
+bool caching_allocator::impl::free_some_locked(bool& retried, std::size_t want) {
   if (!retried) {
     retried = true;
     ++st.num_alloc_retries;
     if (!pending.empty()) process_pending_locked(false);
   }
-  if (reclaim_one_locked()) return true;
+  if (reclaim_one_locked(want)) return true;
   if (!pending.empty()) {  // blocks waiting on other streams: wait for them, then try again
     process_pending_locked(true);
-    if (reclaim_one_locked()) return true;
+    if (reclaim_one_locked(want)) return true;
   }
   if (!engine) return false;
   const auto start = std::chrono::steady_clock::now();
@@ -773,7 +784,7 @@ segment* caching_allocator::impl::new_chunk_segment_locked(stream_pool* pool, st
       engine->note_cache_miss_locked(bytes);
       miss_noted = true;
     }
-    while (room_now_locked() < n && reclaim_fenced_locked()) {
+    while (room_now_locked() < n && reclaim_fenced_locked(n - room_now_locked())) {
     }
     if (room_now_locked() < n) {
       if (segment* s = compose_locked(pool, n)) {
@@ -822,7 +833,8 @@ detail::device_chunk caching_allocator::impl::gather_chunk_locked(std::size_t n,
     // a new one beside them: the policy should leave the cache more (residency.cpp, Note [Cache reserve]).
     if (!retried && !miss_noted && idle.head) engine->note_cache_miss_locked(n << gran_shift);
     // A reclaimed segment's pages join the pool, its chunk (or an evicted region's) the spares: room either way.
-    if (!free_some_locked(retried)) throw_oom_locked(request);
+    const std::size_t room = room_now_locked();
+    if (!free_some_locked(retried, n > room ? n - room : 1)) throw_oom_locked(request);
   }
 }
 
@@ -1017,23 +1029,37 @@ void caching_allocator::impl::destroy_segment_locked(segment* seg) {
 }
 
 // Destroys the least recently freed idle segment whose streams' work is known complete (no wait).
-bool caching_allocator::impl::reclaim_fenced_locked() {
+bool caching_allocator::impl::reclaim_fenced_locked(std::size_t want) {
   if (!idle.head) return false;
   poll_fences_locked();
-  for (segment* seg = idle.head; seg; seg = seg->idle_hook.next) {
-    if (!reclaimable_now_locked(seg)) continue;
-    destroy_segment_locked(seg);
-    ++st.num_reclaims;
-    return true;
+  segment* pick = nullptr;
+  if (want == 0 || !options.reclaim_fit) {
+    for (segment* seg = idle.head; seg && !pick; seg = seg->idle_hook.next) {
+      if (reclaimable_now_locked(seg)) pick = seg;
+    }
+  } else {  // Note [Reclaim by fit]: the smallest that covers `want`, else the largest
+    segment* largest = nullptr;
+    for (segment* seg = idle.head; seg; seg = seg->idle_hook.next) {
+      if (!reclaimable_now_locked(seg)) continue;
+      if (seg->npages() >= want) {
+        if (!pick || seg->npages() < pick->npages()) pick = seg;
+      } else if (!largest || seg->npages() > largest->npages()) {
+        largest = seg;
+      }
+    }
+    if (!pick) pick = largest;
   }
-  return false;
+  if (!pick) return false;
+  destroy_segment_locked(pick);
+  ++st.num_reclaims;
+  return true;
 }
 
 // Destroys one idle segment: the least recently freed one whose streams' work is known complete (no wait), else
 // the least recently freed one, after a fence (a host wait).
-bool caching_allocator::impl::reclaim_one_locked() {
+bool caching_allocator::impl::reclaim_one_locked(std::size_t want) {
   if (!idle.head) return false;
-  if (reclaim_fenced_locked()) return true;
+  if (reclaim_fenced_locked(want)) return true;
   segment* seg = idle.head;
   LAYERSWAP_LOG(debug, "device %d: reclaiming an idle %s %s waits for the GPU", st.device,
                 format_bytes(seg->bytes).c_str(), seg->slab ? "slab" : seg->parts.empty() ? "segment" : "composite");

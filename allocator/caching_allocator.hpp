@@ -33,6 +33,7 @@ struct allocator_options {
   // LAYERSWAP_SPLIT: Note [Split segments] in caching_allocator.cpp (residency only): 0 = off, else the most times
   // its size a segment is that a large request takes a range of.
   std::size_t split = 0;
+  bool reclaim_fit = true;  // LAYERSWAP_RECLAIM: Note [Reclaim by fit] in caching_allocator.cpp; false = oldest first
   residency_options residency;                    // swapping (allocator/residency.hpp); off by default
 };
 

@@ -103,6 +103,7 @@ caching_allocator& allocator_for(int device) {
   opts.oversize = cfg.oversize;
   opts.composites = cfg.composites;
   opts.split = cfg.split;
+  opts.reclaim_fit = cfg.reclaim_fit;
   // Swapping (allocator/residency.hpp): the engine runs when layerswap is on; its thread only under a budget, and
   // it moves regions only while the launch tracker feeds the residency gate.
   opts.residency.enabled = cfg.enabled;

@@ -27,7 +27,7 @@ namespace {
 enum row : std::size_t {
   row_enable, row_budget, row_log, row_stats, row_va_reserve, row_track, row_track_api, row_trace,
   row_prefetch, row_pin, row_host_limit, row_hold, row_writeback, row_oversize, row_cache_reserve,
-  row_composites, row_split, row_count
+  row_composites, row_split, row_reclaim, row_count
 };
 
 constexpr setting_info k_settings[row_count] = {
@@ -84,6 +84,9 @@ constexpr setting_info k_settings[row_count] = {
      "Experimental: when the budget has no room for a new large segment, serve a large allocation from a range of a "
      "larger segment its stream freed, as PyTorch splits cached blocks: at most 4 times its size with 1, at most N "
      "times with N (0: reclaim segments of other sizes and make a new one)"},
+    {"LAYERSWAP_RECLAIM", "fit", "fit or oldest",
+     "Which idle segment a request that finds no room destroys first: fit, the smallest one that covers what it lacks "
+     "(else the largest), so that big segments stay for big requests; oldest, the least recently freed"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";
@@ -458,6 +461,7 @@ std::string config::describe() const {
   line(row_cache_reserve, cache_reserve_text(*this), "  (default)");
   line(row_composites, composites ? "1" : "0", "  (default)");
   line(row_split, split == 0 ? "0" : std::to_string(split), "  (default)");
+  line(row_reclaim, reclaim_fit ? "fit" : "oldest", "  (default)");
   for (const auto& message : unknown) {
     out += message;
     out += '\n';
@@ -512,6 +516,16 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
   if (const auto hold = given(row_hold)) result.hold = parse_bool(k_settings[row_hold].name, *hold);
   if (const auto composites = given(row_composites)) {
     result.composites = parse_bool(k_settings[row_composites].name, *composites);
+  }
+  if (const auto reclaim = given(row_reclaim)) {
+    const std::string_view v = trim(*reclaim);
+    if (iequals(v, "fit")) {
+      result.reclaim_fit = true;
+    } else if (iequals(v, "oldest")) {
+      result.reclaim_fit = false;
+    } else {
+      reject(k_settings[row_reclaim].name, *reclaim, "is neither fit nor oldest", k_settings[row_reclaim].accepted);
+    }
   }
   if (const auto split = given(row_split)) {
     const std::string_view text = trim(*split);

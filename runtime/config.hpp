@@ -77,6 +77,9 @@ struct config {
   // segment (caching_allocator.cpp, Note [Split segments]): 0 = off (the default, experimental), else the most times
   // the request's size that segment may be (on = 4).
   std::uint32_t split = 0;
+  // LAYERSWAP_RECLAIM: which idle segment a request without room destroys first (caching_allocator.cpp, Note
+  // [Reclaim by fit]): the smallest that covers it (fit, the default) or the least recently freed (oldest).
+  bool reclaim_fit = true;
   // Whether the launch tracker should run (LAYERSWAP_TRACK against `enabled`).
   [[nodiscard]] bool tracking() const noexcept {
     return track == track_mode::on || track == track_mode::subscribe_only ||

@@ -64,7 +64,7 @@ std::string config_error_of(const vars& v) {
 
 TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   const auto table = settings_table();
-  ASSERT_EQ(table.size(), 17u);
+  ASSERT_EQ(table.size(), 18u);
   std::vector<std::string> names;
   for (const auto& info : table) {
     names.emplace_back(info.name);
@@ -75,7 +75,8 @@ TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
                                              "LAYERSWAP_VA_RESERVE", "LAYERSWAP_TRACK", "LAYERSWAP_TRACK_API", "LAYERSWAP_TRACE",
                                              "LAYERSWAP_PREFETCH", "LAYERSWAP_PIN", "LAYERSWAP_HOST_LIMIT", "LAYERSWAP_HOLD",
                                              "LAYERSWAP_WRITEBACK", "LAYERSWAP_OVERSIZE",
-                                             "LAYERSWAP_CACHE_RESERVE", "LAYERSWAP_COMPOSITES", "LAYERSWAP_SPLIT"}));
+                                             "LAYERSWAP_CACHE_RESERVE", "LAYERSWAP_COMPOSITES", "LAYERSWAP_SPLIT",
+                                             "LAYERSWAP_RECLAIM"}));
   EXPECT_STREQ(row("LAYERSWAP").default_value, "0");
   EXPECT_STREQ(row("LAYERSWAP_BUDGET").default_value, "none");
   EXPECT_STREQ(row("LAYERSWAP_LOG").default_value, "warn");
@@ -537,7 +538,8 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_OVERSIZE=1  (default)\n"
             "LAYERSWAP_CACHE_RESERVE=auto  (default)\n"
             "LAYERSWAP_COMPOSITES=0  (default)\n"
-            "LAYERSWAP_SPLIT=0  (default)\n");
+            "LAYERSWAP_SPLIT=0  (default)\n"
+            "LAYERSWAP_RECLAIM=fit  (default)\n");
 }
 
 TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
@@ -564,6 +566,7 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_CACHE_RESERVE=auto  (default)\n"
             "LAYERSWAP_COMPOSITES=0  (default)\n"
             "LAYERSWAP_SPLIT=0  (default)\n"
+            "LAYERSWAP_RECLAIM=fit  (default)\n"
             "unknown setting LAYERSWAP_BUGDET=1 (did you mean LAYERSWAP_BUDGET?)\n");
 }
 
@@ -746,6 +749,12 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
     EXPECT_NE(why.find("LAYERSWAP_SPLIT"), std::string::npos) << bad << ": " << why;
     EXPECT_NE(why.find("2 to 1024"), std::string::npos) << bad << ": " << why;
   }
+  EXPECT_TRUE(parse_config(vars{}).reclaim_fit);
+  EXPECT_FALSE(parse_config(vars{{"LAYERSWAP_RECLAIM", " Oldest "}}).reclaim_fit);
+  EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_RECLAIM", "fit"}}).reclaim_fit);
+  EXPECT_NE(config_error_of(vars{{"LAYERSWAP_RECLAIM", "lru"}}).find("LAYERSWAP_RECLAIM"), std::string::npos);
+  EXPECT_NE(parse_config(vars{{"LAYERSWAP_RECLAIM", "oldest"}}).describe().find("LAYERSWAP_RECLAIM=oldest\n"),
+            std::string::npos);
   EXPECT_TRUE(parse_config(vars{}).cache_reserve_auto);
   EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_CACHE_RESERVE", " Auto "}}).cache_reserve_auto);
   for (const char* off : {"none", "0", " NONE "}) {

@@ -1795,6 +1795,41 @@ TEST(Residency, CompositesOffReclaimsAfterAHostWait) {
   h.expect_clean();
 }
 
+// Note [Reclaim by fit]: a request without room destroys the smallest fenced idle segment that covers it, not the
+// oldest, so the big one stays cached for the next big request; LAYERSWAP_RECLAIM=oldest destroys the oldest.
+TEST(Residency, ARequestReclaimsTheSmallestIdleSegmentThatCoversIt) {
+  for (const bool fit : {true, false}) {
+    SCOPED_TRACE(fit ? "fit" : "oldest");
+    sim_driver sim(harness::make_sim(true, true));
+    allocator_options o = harness::make_options(20 * MiB, false, true, true);
+    o.reclaim_fit = fit;
+    caching_allocator alloc(sim, o);
+    void* big = alloc.allocate(12 * MiB, nullptr);
+    void* mid = alloc.allocate(6 * MiB, nullptr);
+    void* fill = alloc.allocate(2 * MiB, nullptr);  // the budget is full
+    sim.launch(nullptr, {{reinterpret_cast<device_ptr>(fill), 2 * MiB, true, 0x5a}});
+    alloc.deallocate(big);  // the oldest idle segment
+    alloc.deallocate(mid);
+    alloc.residency_tick();  // fences recorded (the eager device runs them at once) ...
+    alloc.residency_tick();  // ... and seen complete: both reclaimable without a wait
+    const std::int64_t waits = alloc.stats().num_host_waits;
+    void* a = alloc.allocate(4 * MiB, nullptr);  // no cached segment within 1/8 of 4 MiB, no room
+    sim.launch(nullptr, {{reinterpret_cast<device_ptr>(a), 4 * MiB, true, 0x6b}});
+    EXPECT_EQ(alloc.stats().num_reclaims, 1);
+    EXPECT_EQ(alloc.stats().num_host_waits, waits);
+    alloc.deallocate(a);
+    const std::size_t creates = sim.num_creates();
+    void* again = alloc.allocate(fit ? 12 * MiB : 6 * MiB, nullptr);  // the segment that survived, from the cache
+    EXPECT_EQ(again, fit ? big : mid);
+    EXPECT_EQ(sim.num_creates(), creates);
+    EXPECT_TRUE(sim_holds(sim, fill, 2 * MiB, 0x5a));
+    alloc.deallocate(again);
+    alloc.deallocate(fill);
+    EXPECT_NO_THROW(alloc.verify());
+    EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  }
+}
+
 // Note [Split segments]: under a full budget a large request takes a range of a larger segment its stream freed, at
 // once (its queued work still to run), with no driver call; a range freed while another stream reads it stays taken
 // until that stream is past it; the last range freed makes the segment whole again, cached for its size.

@@ -103,7 +103,8 @@
 //   on the program's threads. With LAYERSWAP_SPLIT=1 (experimental, residency only), such a request that has no room
 //   for a new segment without reclaiming takes a range of granules instead: the smallest free range of a split
 //   segment of its pool, or the smallest idle segment of its pool above the reuse window, at most LAYERSWAP_SPLIT
-//   times its size (4 with LAYERSWAP_SPLIT=1). Same stream, so no fence and no driver call: the reuse PyTorch makes (Note [Stream-ordered reuse]).
+//   times its size (4 with LAYERSWAP_SPLIT=1). Same stream, so no fence and no driver call: the reuse PyTorch makes
+//   (Note [Stream-ordered reuse]).
 //   The segment keeps its ranges in offset order, covering it; a freed range joins its free neighbours, and when the
 //   last one is freed the segment is idle again, whole. Only device-backed segments that are not moving are split,
 //   and a split segment stays live (memory that cannot move, for the policy) until its last range is freed; the
@@ -444,7 +445,8 @@ struct caching_allocator::impl final : detail::page_source {
   segment* add_segment_locked(stream_pool* pool, device_ptr va, std::size_t bytes, std::vector<phys_handle> pages);
   void release_idle_pages_locked();
   bool reclaim_one_locked(std::size_t want = 0);
-  bool reclaim_fenced_locked(std::size_t want = 0);  // reclaim_one_locked() without a host wait: false when none is fenced
+  // reclaim_one_locked() without a host wait: false when no idle segment is fenced.
+  bool reclaim_fenced_locked(std::size_t want = 0);
   // Pages a new large segment could have now without a host wait: pooled pages, the budget's headroom, spare chunks.
   [[nodiscard]] std::size_t room_now_locked() const noexcept {
     return unused_pages_locked() + (engine ? engine->spare_pages_locked() : 0);
@@ -703,9 +705,10 @@ std::vector<phys_handle> caching_allocator::impl::gather_pages_locked(std::size_
 }
 
 // One rung of what a request that does not fit climbs: the blocks freed on other streams, then the idle cache,
-// least recently freed first (waiting for the other streams' blocks if that is what is left), then a synchronous
-// eviction (Note [Allocation under pressure] in residency.cpp). True when it freed something, so the request tries
-// again; false when nothing is left (out of memory). `retried` counts the request once in num_alloc_retries.
+// fenced ones first, by Note [Reclaim by fit] (waiting for the other streams' blocks if that is what is left), then a
+// synchronous eviction (Note [Allocation under pressure] in residency.cpp). True when it freed something, so the
+// request tries again; false when nothing is left (out of memory). `retried` counts the request once in
+// num_alloc_retries.
 bool caching_allocator::impl::free_some_locked(bool& retried, std::size_t want) {
   if (!retried) {
     retried = true;
@@ -1035,7 +1038,8 @@ void caching_allocator::impl::destroy_segment_locked(segment* seg) {
   st.segment_destroy_ns += elapsed_ns(start);
 }
 
-// Destroys the least recently freed idle segment whose streams' work is known complete (no wait).
+// Destroys an idle segment whose streams' work is known complete (no wait): the least recently freed one, or with
+// `want` (the granules a request still lacks) the one Note [Reclaim by fit] picks.
 bool caching_allocator::impl::reclaim_fenced_locked(std::size_t want) {
   if (!idle.head) return false;
   poll_fences_locked();
@@ -1062,8 +1066,8 @@ bool caching_allocator::impl::reclaim_fenced_locked(std::size_t want) {
   return true;
 }
 
-// Destroys one idle segment: the least recently freed one whose streams' work is known complete (no wait), else
-// the least recently freed one, after a fence (a host wait).
+// Destroys one idle segment: one whose streams' work is known complete (no wait; reclaim_fenced_locked), else the
+// least recently freed one, after a fence (a host wait).
 bool caching_allocator::impl::reclaim_one_locked(std::size_t want) {
   if (!idle.head) return false;
   if (reclaim_fenced_locked(want)) return true;
@@ -1208,7 +1212,9 @@ void caching_allocator::impl::log_cache_miss_locked(const stream_pool* pool, std
     for (const segment* s = pool->free_by_pages[n].head; s; s = s->pool_hook.next) ++count;
     if (count == 0) continue;
     idle_here += count * (n << gran_shift);
-    if (shown++ < 12) sizes += (sizes.empty() ? "" : ", ") + std::to_string(count) + " x " + format_bytes(n << gran_shift);
+    if (shown++ < 12) {
+      sizes += (sizes.empty() ? "" : ", ") + std::to_string(count) + " x " + format_bytes(n << gran_shift);
+    }
   }
   std::size_t split_free = 0;
   for (const segment* s : pool->split) {
@@ -1373,7 +1379,9 @@ void caching_allocator::impl::throw_oom_locked(std::size_t request) {
       }
     } else if (!s->ranges.empty()) {  // Note [Split segments]
       for (const split_range& r : s->ranges) {
-        if (r.state == range_state::live) live.push_back(std::size_t{r.n} << gran_shift), live_bytes += static_cast<std::int64_t>(live.back());
+        if (r.state != range_state::live) continue;
+        live.push_back(std::size_t{r.n} << gran_shift);
+        live_bytes += static_cast<std::int64_t>(live.back());
       }
     } else if (s->live) {
       live.push_back(s->bytes);
@@ -1570,7 +1578,8 @@ bool caching_allocator::deallocate(void* ptr) noexcept {
   } else if (seg && !seg->ranges.empty()) {  // Note [Split segments]
     const std::size_t off = p - seg->va;
     const auto first = static_cast<std::uint32_t>(off >> m.gran_shift);
-    auto it = std::find_if(seg->ranges.begin(), seg->ranges.end(), [&](const split_range& r) { return r.first == first; });
+    auto it = std::find_if(seg->ranges.begin(), seg->ranges.end(),
+                           [&](const split_range& r) { return r.first == first; });
     if ((off & (m.gran - 1)) != 0 || it == seg->ranges.end() || it->state != range_state::live) {
       seg = nullptr;
     } else {

@@ -849,11 +849,9 @@ detail::device_chunk caching_allocator::impl::gather_chunk_locked(std::size_t n,
 }
 
 // Note [Composites]: an idle large segment of `pool` whose chunks a composite may take: device-backed and not
-// moving, or a composite itself.
+// moving, or a composite itself (splittable_locked).
 bool caching_allocator::impl::donor_locked(const segment* seg, const stream_pool* pool) const noexcept {
-  if (seg->slab || seg->live || seg->pool != pool) return false;
-  if (!seg->parts.empty()) return true;
-  return seg->swap && !engine->host_backed_locked(seg->swap) && !engine->moving_locked(seg->swap);
+  return !seg->live && seg->pool == pool && splittable_locked(seg);
 }
 
 // A new large segment of `n` granules on `pool` from the chunks of idle segments of the same pool, freed perhaps
@@ -1232,6 +1230,8 @@ void caching_allocator::impl::log_cache_miss_locked(const stream_pool* pool, std
 
 // ---- split segments (Note [Split segments]) ----
 
+// A large segment whose device memory stays put, so that another allocation may use it (a range of it here, its
+// chunks in a composite): a composite, or a device-backed region that is not moving.
 bool caching_allocator::impl::splittable_locked(const segment* seg) const noexcept {
   if (seg->slab) return false;
   if (!seg->parts.empty()) return true;  // a composite: device chunks, never moved

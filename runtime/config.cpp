@@ -218,16 +218,19 @@ std::size_t parse_decimal(std::string_view s, decimal& out) noexcept {
   return digits == 0 ? 0 : i;
 }
 
-constexpr const char* k_bool_words[] = {"1", "true", "on", "yes", "0", "false", "off", "no"};
+constexpr const char* k_yes_words[] = {"1", "true", "on", "yes"};
+constexpr const char* k_no_words[] = {"0", "false", "off", "no"};
+
+// Whether `value` (trimmed) is one of `words`, ignoring case.
+template <std::size_t N>
+bool one_of(std::string_view value, const char* const (&words)[N]) {
+  return std::any_of(std::begin(words), std::end(words), [&](const char* w) { return iequals(value, w); });
+}
 
 bool parse_bool(std::string_view name, std::string_view value) {
   const auto v = trim(value);
-  for (const auto* yes : {"1", "true", "on", "yes"}) {
-    if (iequals(v, yes)) return true;
-  }
-  for (const auto* no : {"0", "false", "off", "no"}) {
-    if (iequals(v, no)) return false;
-  }
+  if (one_of(v, k_yes_words)) return true;
+  if (one_of(v, k_no_words)) return false;
   reject(name, value, "is not 0 or 1", find_row(name)->accepted);
 }
 
@@ -533,9 +536,10 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
     if (ec == std::errc{} && end == text.data() + text.size() && n >= 2 && n <= 1024) {
       result.split = n;
-    } else if (std::any_of(std::begin(k_bool_words), std::end(k_bool_words),
-                           [&](const char* w) { return iequals(text, w); })) {
-      result.split = parse_bool(k_settings[row_split].name, *split) ? 4 : 0;
+    } else if (one_of(text, k_yes_words)) {
+      result.split = 4;
+    } else if (one_of(text, k_no_words)) {
+      result.split = 0;
     } else {
       reject(k_settings[row_split].name, *split, "is not 0, 1 or a whole number from 2 to 1024",
              k_settings[row_split].accepted);

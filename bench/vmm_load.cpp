@@ -3,7 +3,9 @@
 // (a move's polling and fences), again and again, busy for `duty` of the time, in the process's primary context
 // (PyTorch's), or for the remaps in a context of its own (modes 4 and 5: is what the launches wait for the
 // context's or the device's?), in a green context made from the device's SMs (modes 6 and 7: the lighter kind),
-// or with no context current at all (modes 8 and 9: the VMM calls name no context).
+// or with no context current at all (modes 8 and 9: the VMM calls name no context). vmm_engine_load_start() runs
+// the engine's own pattern instead: several regions evicted to host pages and prefetched back at a set rate, per
+// region or over their span, with or without the prefetches' copies (run_engine).
 // No kernel touches that VA or waits for that event, so the calls can only cost the program's threads through the
 // driver (its locks, its caches). vmm_cross_context_check() says whether a mapping made in a context of its own (or
 // a green one, or with none current) serves the primary context. Built by the probe with g++ on the GPU machine:
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -133,6 +136,113 @@ int run(load_state& s, int mode, std::size_t mib, double duty) {
   return error;
 }
 
+// The engine's pattern at a set rate: `k` regions of `mib` side by side in one VA span, each with a device and a
+// host-located allocation of its own. A round evicts all k (their VAs remapped to their host pages) and then
+// prefetches them back (remapped to their device pages), `gbps` GB a second each way (the engine's 25% LoRA step:
+// ~3.7 GB each way in ~0.17 s, ~22 GB/s). Per region (`span` false): unmap, map, set access, one region after
+// another, as the engine does. As a span (`span` true): one unmap over the k mappings, k maps, one set access over
+// them. Same bytes, a third of the calls: is what the launches pay per call or per byte? With `copies`, an H2D copy
+// of the round's bytes too (or alone, without `remaps`): what the link's traffic costs beside. With `to_host` false the
+// "evictions" map a second device allocation instead (a device remap's price, for comparison). `unmap_span` alone:
+// one unmap over the span, a map and a set access per region; `access_span` alone: an unmap and a map per region,
+// one set access over the span.
+struct engine_pattern {
+  bool remaps = true;        // evict and prefetch by remapping
+  bool span = false;         // one unmap and one set access over the k regions
+  bool unmap_span = false;   // one unmap over them, the rest per region
+  bool access_span = false;  // one set access over them, the rest per region
+  bool to_host = true;       // evictions map host pages (else a second device allocation)
+  bool copies = false;       // an H2D copy of the round's bytes on a stream of its own (the prefetches' traffic)
+};
+
+int run_engine(load_state& s, const engine_pattern& p, std::size_t mib, std::size_t k, double gbps) {
+  const bool span = p.span;
+  const bool to_host = p.to_host;
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+      cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+    return 1;
+  }
+  const std::size_t size = mib << 20;  // a multiple of 2 MiB: the probe asks for even MiB
+  std::vector<CUmemGenericAllocationHandle> device(k), host(k);
+  for (std::size_t i = 0; i < k; ++i) {
+    for (int where = 0; where < 2; ++where) {
+      CUmemAllocationProp prop{};
+      prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+      const bool on_host = where == 1 && to_host;
+      prop.location.type = on_host ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
+      prop.location.id = on_host ? 0 : dev;
+      if (cuMemCreate(where ? &host[i] : &device[i], size, &prop, 0) != CUDA_SUCCESS) return 3;
+    }
+  }
+  CUdeviceptr va = 0;
+  if (cuMemAddressReserve(&va, size * k, 2 << 20, 0, 0) != CUDA_SUCCESS) return 4;
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = dev;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const bool span_unmap = span || p.unmap_span;
+  const bool span_access = span || p.access_span;
+  auto place = [&](const std::vector<CUmemGenericAllocationHandle>& on, bool unmap_first) {
+    CUresult r = CUDA_SUCCESS;
+    if (unmap_first && span_unmap) r = cuMemUnmap(va, size * k);
+    for (std::size_t i = 0; i < k && r == CUDA_SUCCESS; ++i) {
+      if (unmap_first && !span_unmap) r = cuMemUnmap(va + i * size, size);
+      if (r == CUDA_SUCCESS) r = cuMemMap(va + i * size, size, 0, on[i], 0);
+      if (r == CUDA_SUCCESS && !span_access) r = cuMemSetAccess(va + i * size, size, &access, 1);
+    }
+    if (r == CUDA_SUCCESS && span_access) r = cuMemSetAccess(va, size * k, &access, 1);
+    return r;
+  };
+  int error = place(device, false) == CUDA_SUCCESS ? 0 : 5;
+  void* pinned = nullptr;
+  CUdeviceptr target = 0;
+  CUstream stream = nullptr;
+  CUevent copied = nullptr;
+  if (p.copies && (cuMemAllocHost(&pinned, size * k) != CUDA_SUCCESS || cuMemAlloc(&target, size * k) != CUDA_SUCCESS ||
+                   cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+                   cuEventCreate(&copied, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)) {
+    error = 4;
+  }
+  const double period_ns = static_cast<double>(size * k) / gbps;  // a round's bytes each way, at gbps GB/s
+  std::uint64_t next = now_ns();
+  while (!s.stop.load(std::memory_order_relaxed) && error == 0) {
+    if (p.copies) {  // the previous round's copy first (not counted as busy): no queue growing behind the link
+      if (cuEventSynchronize(copied) != CUDA_SUCCESS ||
+          cuMemcpyHtoDAsync(target, pinned, size * k, stream) != CUDA_SUCCESS ||
+          cuEventRecord(copied, stream) != CUDA_SUCCESS) {
+        error = 5;
+      }
+    }
+    const std::uint64_t t0 = now_ns();
+    if (p.remaps && (place(host, true) != CUDA_SUCCESS || place(device, true) != CUDA_SUCCESS)) error = 5;
+    s.busy_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+    s.rounds.fetch_add(1, std::memory_order_relaxed);
+    next += static_cast<std::uint64_t>(period_ns);
+    const std::uint64_t now = now_ns();
+    if (next > now) {
+      std::this_thread::sleep_for(std::chrono::nanoseconds(next - now));
+    } else {
+      next = now;  // behind: no catching up in a burst
+    }
+  }
+  if (p.copies) {
+    if (stream != nullptr) cuStreamSynchronize(stream);
+    if (copied != nullptr) cuEventDestroy(copied);
+    if (stream != nullptr) cuStreamDestroy(stream);
+    if (target != 0) cuMemFree(target);
+    if (pinned != nullptr) cuMemFreeHost(pinned);
+  }
+  cuMemUnmap(va, size * k);
+  cuMemAddressFree(va, size * k);
+  for (std::size_t i = 0; i < k; ++i) {
+    cuMemRelease(device[i]);
+    cuMemRelease(host[i]);
+  }
+  return error;
+}
+
 // Maps device memory and host-located memory at VAs of their own from a context created here (a green one when
 // `green`; with `none`, no context current at all), then, in the primary context (current on the calling thread),
 // fills each through its VA with cuMemsetD32 and reads it back.
@@ -222,6 +332,27 @@ int vmm_load_start(int mode, unsigned long long mib, double duty) {
   s->thread = std::thread([s, mode, mib, duty] {
     pthread_setname_np(pthread_self(), "layerswap-move");  // so the benchmark pins it where the engine's would be
     s->error = run(*s, mode, static_cast<std::size_t>(mib), duty);
+  });
+  return 0;
+}
+
+// Starts the engine-pattern load (run_engine() above; `gbps` > 0): `kind` 0 per region, 1 as a span, 2 per region with device
+// memory in place of the host's, 3 one unmap over the span, 4 one set access over the span, 5 the H2D copies alone
+// (no remap), 6 per region and the copies. Returns 0, or -1 when a load already runs.
+int vmm_engine_load_start(int kind, unsigned long long mib, unsigned long long k, double gbps) {
+  if (g_state != nullptr) return -1;
+  g_state = new load_state();
+  load_state* s = g_state;
+  s->thread = std::thread([s, kind, mib, k, gbps] {
+    pthread_setname_np(pthread_self(), "layerswap-move");
+    engine_pattern p;
+    p.remaps = kind != 5;
+    p.span = kind == 1;
+    p.unmap_span = kind == 3;
+    p.access_span = kind == 4;
+    p.to_host = kind != 2;
+    p.copies = kind == 5 || kind == 6;
+    s->error = run_engine(*s, p, static_cast<std::size_t>(mib), static_cast<std::size_t>(k), gbps);
   });
   return 0;
 }

@@ -184,6 +184,11 @@ struct split_range {
   range_state state = range_state::free;
 };
 
+// The range of a split segment that starts at granule `first`; ranges.end() when none does.
+std::vector<split_range>::iterator range_starting_at(std::vector<split_range>& ranges, std::uint32_t first) {
+  return std::find_if(ranges.begin(), ranges.end(), [&](const split_range& r) { return r.first == first; });
+}
+
 // Intrusive doubly linked list over segments; `Hook` selects which pair of links.
 struct list_hook {
   segment* prev = nullptr;
@@ -1295,7 +1300,7 @@ void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::siz
 // accounted as freed): it joins its free neighbours; the last one makes the segment whole again.
 void caching_allocator::impl::release_range_locked(segment* seg, std::uint32_t first) {
   auto& ranges = seg->ranges;
-  auto it = std::find_if(ranges.begin(), ranges.end(), [&](const split_range& r) { return r.first == first; });
+  auto it = range_starting_at(ranges, first);
   if (it == ranges.end()) return;
   count(false, &pool_stats::active, -1);
   count(false, &pool_stats::active_bytes, -static_cast<std::int64_t>(std::size_t{it->n} << gran_shift));
@@ -1578,8 +1583,7 @@ bool caching_allocator::deallocate(void* ptr) noexcept {
   } else if (seg && !seg->ranges.empty()) {  // Note [Split segments]
     const std::size_t off = p - seg->va;
     const auto first = static_cast<std::uint32_t>(off >> m.gran_shift);
-    auto it = std::find_if(seg->ranges.begin(), seg->ranges.end(),
-                           [&](const split_range& r) { return r.first == first; });
+    auto it = range_starting_at(seg->ranges, first);
     if ((off & (m.gran - 1)) != 0 || it == seg->ranges.end() || it->state != range_state::live) {
       seg = nullptr;
     } else {

@@ -8,15 +8,23 @@
 // region or over their span, with or without the prefetches' copies (run_engine).
 // No kernel touches that VA or waits for that event, so the calls can only cost the program's threads through the
 // driver (its locks, its caches). vmm_cross_context_check() says whether a mapping made in a context of its own (or
-// a green one, or with none current) serves the primary context. Built by the probe with g++ on the GPU machine:
+// a green one, or with none current) serves the primary context. For bench/vmm_ipi_probe.py, vmm_spin() does one
+// kind of work on a pinned thread (what does the load take from it?) and vmm_maps_step() walks one allocation through
+// its life so that the caller can read /proc/self/maps between the steps. Built by the probes with g++ on the GPU
+// machine:
 //   g++ -O2 -std=c++20 -shared -fPIC vmm_load.cpp -I/usr/local/cuda/include -lcuda -lpthread -o libvmm_load.so
 #include <cuda.h>
 #include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <numeric>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -320,9 +328,140 @@ int check_cross_context(long long* ctx_bytes, bool green, bool none) {
   return result;
 }
 
+// The spinner's work (vmm_spin): what kind of progress does a load on another core take from a thread?
+//   0 integer arithmetic in registers (the core's speed alone);
+//   1 a dependent walk over a 256 MiB buffer in 4 KiB pages (transparent huge pages refused), one page a step in a
+//     random order: nearly every step misses the TLB, so TLB flushes sent to this core cost it directly;
+//   2 the same walk over 16 pages (cache- and TLB-resident);
+//   3 cuMemsetD32Async of one word on a stream of its own, synchronized every 256: the driver's submission path,
+//     as a kernel launch takes it;
+//   4 page faults: 16 MiB mapped, each 4 KiB page touched, unmapped, again (the process's mmap lock).
+double spin(int kind, double seconds) {
+  const auto deadline = now_ns() + static_cast<std::uint64_t>(seconds * 1e9);
+  std::uint64_t units = 0;
+  if (kind == 0) {
+    std::uint64_t x = 88172645463325252ull;
+    while (now_ns() < deadline) {
+      for (int i = 0; i < 4096; ++i) {  // xorshift: dependent, no memory
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+      }
+      units += 4096;
+    }
+    return x == 0 ? -1.0 : static_cast<double>(units);
+  }
+  if (kind == 1 || kind == 2) {
+    const std::size_t pages = kind == 1 ? (256u << 20) / 4096 : 16;
+    void* mem = mmap(nullptr, pages * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return -1.0;
+    madvise(mem, pages * 4096, MADV_NOHUGEPAGE);
+    auto* words = static_cast<std::uint32_t*>(mem);
+    std::vector<std::uint32_t> order(pages);
+    std::iota(order.begin(), order.end(), 0u);
+    std::shuffle(order.begin() + 1, order.end(), std::mt19937(7));
+    for (std::size_t i = 0; i < pages; ++i) words[order[i] * 1024] = order[(i + 1) % pages];  // one cycle
+    std::uint32_t at = 0;
+    while (now_ns() < deadline) {
+      for (int i = 0; i < 1024; ++i) at = words[static_cast<std::size_t>(at) * 1024];
+      units += 1024;
+    }
+    munmap(mem, pages * 4096);
+    return at == 0xffffffffu ? -1.0 : static_cast<double>(units);
+  }
+  if (kind == 4) {
+    while (now_ns() < deadline) {
+      constexpr std::size_t bytes = 16u << 20;
+      void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (mem == MAP_FAILED) return -1.0;
+      madvise(mem, bytes, MADV_NOHUGEPAGE);
+      for (std::size_t at = 0; at < bytes; at += 4096) static_cast<volatile char*>(mem)[at] = 1;
+      munmap(mem, bytes);
+      units += bytes / 4096;
+    }
+    return static_cast<double>(units);
+  }
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+      cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+    return -1.0;
+  }
+  CUstream stream = nullptr;
+  CUdeviceptr word = 0;
+  if (cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS || cuMemAlloc(&word, 4) != CUDA_SUCCESS) return -1.0;
+  while (now_ns() < deadline) {
+    for (int i = 0; i < 256; ++i) {
+      if (cuMemsetD32Async(word, static_cast<unsigned>(i), 1, stream) != CUDA_SUCCESS) return -1.0;
+    }
+    if (cuStreamSynchronize(stream) != CUDA_SUCCESS) return -1.0;
+    units += 256;
+  }
+  cuMemFree(word);
+  cuStreamDestroy(stream);
+  return static_cast<double>(units);
+}
+
+// One allocation's life at a VA of its own, a step at a time, so that the caller can read /proc/self/maps between
+// the steps: 0 creates it (host-located when `host`) and reserves a VA (written to *va), 1 maps it and grants the
+// device access, 2 unmaps it, 3 frees it all.
+struct maps_probe {
+  CUmemGenericAllocationHandle handle = 0;
+  CUdeviceptr va = 0;
+  std::size_t size = 64u << 20;
+} g_maps;
+
+int maps_step(int step, bool host, unsigned long long* va) {
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+      cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+    return 1;
+  }
+  CUresult r = CUDA_SUCCESS;
+  if (step == 0) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = host ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = host ? 0 : dev;
+    r = cuMemCreate(&g_maps.handle, g_maps.size, &prop, 0);
+    if (r == CUDA_SUCCESS) r = cuMemAddressReserve(&g_maps.va, g_maps.size, 2 << 20, 0, 0);
+  } else if (step == 1) {
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = dev;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = cuMemMap(g_maps.va, g_maps.size, 0, g_maps.handle, 0);
+    if (r == CUDA_SUCCESS) r = cuMemSetAccess(g_maps.va, g_maps.size, &access, 1);
+  } else if (step == 2) {
+    r = cuMemUnmap(g_maps.va, g_maps.size);
+  } else {
+    r = cuMemAddressFree(g_maps.va, g_maps.size);
+    if (r == CUDA_SUCCESS) r = cuMemRelease(g_maps.handle);
+  }
+  *va = g_maps.va;
+  return static_cast<int>(r);
+}
+
 }  // namespace
 
 extern "C" {
+
+// Spins on the calling thread (pinned to `cpu` first, when >= 0) for `seconds` doing `kind` work (spin() above);
+// returns the units of work done, or -1 on a failure.
+double vmm_spin(int cpu, double seconds, int kind) {
+  if (cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0) return -1.0;
+  }
+  return spin(kind, seconds);
+}
+
+// maps_step() above; returns 0 or the failing call's CUresult.
+int vmm_maps_step(int step, int host, unsigned long long* va) { return maps_step(step, host != 0, va); }
+
 
 // Starts the load in `mode` (run() above). Returns 0, or -1 when a load already runs.
 int vmm_load_start(int mode, unsigned long long mib, double duty) {

@@ -6,7 +6,8 @@ back at --rate GB/s each way, or the same with device memory in place of the hos
 (vmm_load.cpp, spin()): "alu" integer arithmetic in registers, "walk" a dependent walk over 256 MiB one 4 KiB page a
 step (TLB misses at every step: TLB flushes sent to its core cost it), "cached" the same walk over 16 pages, "submit"
 one-word cuMemsetD32Async calls (the driver's submission path, as a launch takes it), "fault" page faults (the
-process's mmap lock), and PyTorch kinds (TORCH_KINDS below). Each row gives the spinner's
+process's mmap lock), "pingpong" a token handed to and from a second thread two cores up (wake-ups), and PyTorch
+kinds (TORCH_KINDS below). Each row gives the spinner's
 rate against the mean of the rows without load, and the interrupts its core and the whole machine took per second
 (/proc/interrupts: TLB shootdowns, function-call and rescheduling IPIs). It also reads /proc/self/maps around one
 allocation's map and unmap, host-located and device: does the driver give the CPU a mapping of the VA?
@@ -28,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from vmm_interference_probe import ENGINE_MODES, build_load  # noqa: E402
 
-SPIN_KINDS = {"alu": 0, "walk": 1, "cached": 2, "submit": 3, "fault": 4}
+SPIN_KINDS = {"alu": 0, "walk": 1, "cached": 2, "submit": 3, "fault": 4, "pingpong": 5}
 # Kinds that PyTorch runs on the spinner's thread: "launch" kernel launches on a one-element tensor (the launching
 # thread's rate: the GPU keeps up), "gemm" 4096 x 4096 bf16 matrix products timed by events (the GPU's rate: the
 # launches keep ahead).

@@ -22,7 +22,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -335,8 +337,10 @@ int check_cross_context(long long* ctx_bytes, bool green, bool none) {
 //   2 the same walk over 16 pages (cache- and TLB-resident);
 //   3 cuMemsetD32Async of one word on a stream of its own, synchronized every 256: the driver's submission path,
 //     as a kernel launch takes it;
-//   4 page faults: 16 MiB mapped, each 4 KiB page touched, unmapped, again (the process's mmap lock).
-double spin(int kind, double seconds) {
+//   4 page faults: 16 MiB mapped, each 4 KiB page touched, unmapped, again (the process's mmap lock);
+//   5 a token handed back and forth with a second thread (pinned two cores up) through a condition variable: the
+//     wake-ups between threads, as the Python and autograd threads hand work to each other.
+double spin(int kind, double seconds, int partner_cpu) {
   const auto deadline = now_ns() + static_cast<std::uint64_t>(seconds * 1e9);
   std::uint64_t units = 0;
   if (kind == 0) {
@@ -368,6 +372,40 @@ double spin(int kind, double seconds) {
     }
     munmap(mem, pages * 4096);
     return at == 0xffffffffu ? -1.0 : static_cast<double>(units);
+  }
+  if (kind == 5) {  // two threads hand a token back and forth through a condition variable
+    std::mutex mu;
+    std::condition_variable cv;
+    int turn = 0;
+    bool done = false;
+    std::thread other([&] {
+      if (partner_cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(partner_cpu, &set);
+        pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+      }
+      std::unique_lock lock(mu);
+      for (;;) {
+        cv.wait(lock, [&] { return turn == 1 || done; });
+        if (done) return;
+        turn = 0;
+        cv.notify_all();
+      }
+    });
+    {
+      std::unique_lock lock(mu);
+      while (now_ns() < deadline) {
+        turn = 1;
+        cv.notify_all();
+        cv.wait(lock, [&] { return turn == 0; });
+        ++units;
+      }
+      done = true;
+      cv.notify_all();
+    }
+    other.join();
+    return static_cast<double>(units);
   }
   if (kind == 4) {
     while (now_ns() < deadline) {
@@ -456,7 +494,7 @@ double vmm_spin(int cpu, double seconds, int kind) {
     CPU_SET(cpu, &set);
     if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0) return -1.0;
   }
-  return spin(kind, seconds);
+  return spin(kind, seconds, cpu >= 0 ? cpu + 2 : -1);
 }
 
 // maps_step() above; returns 0 or the failing call's CUresult.

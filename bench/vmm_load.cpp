@@ -21,8 +21,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdint>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
 #include <numeric>
@@ -373,6 +373,18 @@ double spin(int kind, double seconds, int partner_cpu) {
     munmap(mem, pages * 4096);
     return at == 0xffffffffu ? -1.0 : static_cast<double>(units);
   }
+  if (kind == 4) {
+    while (now_ns() < deadline) {
+      constexpr std::size_t bytes = 16u << 20;
+      void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (mem == MAP_FAILED) return -1.0;
+      madvise(mem, bytes, MADV_NOHUGEPAGE);
+      for (std::size_t at = 0; at < bytes; at += 4096) static_cast<volatile char*>(mem)[at] = 1;
+      munmap(mem, bytes);
+      units += bytes / 4096;
+    }
+    return static_cast<double>(units);
+  }
   if (kind == 5) {  // two threads hand a token back and forth through a condition variable
     std::mutex mu;
     std::condition_variable cv;
@@ -407,18 +419,6 @@ double spin(int kind, double seconds, int partner_cpu) {
     other.join();
     return static_cast<double>(units);
   }
-  if (kind == 4) {
-    while (now_ns() < deadline) {
-      constexpr std::size_t bytes = 16u << 20;
-      void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (mem == MAP_FAILED) return -1.0;
-      madvise(mem, bytes, MADV_NOHUGEPAGE);
-      for (std::size_t at = 0; at < bytes; at += 4096) static_cast<volatile char*>(mem)[at] = 1;
-      munmap(mem, bytes);
-      units += bytes / 4096;
-    }
-    return static_cast<double>(units);
-  }
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
   if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
@@ -427,7 +427,9 @@ double spin(int kind, double seconds, int partner_cpu) {
   }
   CUstream stream = nullptr;
   CUdeviceptr word = 0;
-  if (cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS || cuMemAlloc(&word, 4) != CUDA_SUCCESS) return -1.0;
+  if (cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS || cuMemAlloc(&word, 4) != CUDA_SUCCESS) {
+    return -1.0;
+  }
   while (now_ns() < deadline) {
     for (int i = 0; i < 256; ++i) {
       if (cuMemsetD32Async(word, static_cast<unsigned>(i), 1, stream) != CUDA_SUCCESS) return -1.0;
@@ -513,9 +515,9 @@ int vmm_load_start(int mode, unsigned long long mib, double duty) {
   return 0;
 }
 
-// Starts the engine-pattern load (run_engine() above; `gbps` > 0): `kind` 0 per region, 1 as a span, 2 per region with device
-// memory in place of the host's, 3 one unmap over the span, 4 one set access over the span, 5 the H2D copies alone
-// (no remap), 6 per region and the copies. Returns 0, or -1 when a load already runs.
+// Starts the engine-pattern load (run_engine() above; `gbps` > 0): `kind` 0 per region, 1 as a span, 2 per region
+// with device memory in place of the host's, 3 one unmap over the span, 4 one set access over the span, 5 the H2D
+// copies alone (no remap), 6 per region and the copies. Returns 0, or -1 when a load already runs.
 int vmm_engine_load_start(int kind, unsigned long long mib, unsigned long long k, double gbps) {
   if (g_state != nullptr) return -1;
   g_state = new load_state();

@@ -7,9 +7,9 @@ back at --rate GB/s each way, or the same with device memory in place of the hos
 step (TLB misses at every step: TLB flushes sent to its core cost it), "cached" the same walk over 16 pages, "submit"
 one-word cuMemsetD32Async calls (the driver's submission path, as a launch takes it), "fault" page faults (the
 process's mmap lock), "pingpong" a token handed to and from a second thread two cores up (wake-ups), and PyTorch
-kinds (TORCH_KINDS below). Each row gives the spinner's
-rate against the mean of the rows without load, and the interrupts its core and the whole machine took per second
-(/proc/interrupts: TLB shootdowns, function-call and rescheduling IPIs). It also reads /proc/self/maps around one
+kinds (TORCH_KINDS below). Each row gives the spinner's rate against the mean of the rows without load, and the
+interrupts its core and the whole machine took per second (/proc/interrupts: TLB shootdowns, function-call and
+rescheduling IPIs). It also reads /proc/self/maps around one
 allocation's map and unmap, host-located and device: does the driver give the CPU a mapping of the VA?
 
     python3 bench/vmm_ipi_probe.py --out ipi.json"""
@@ -31,13 +31,12 @@ from vmm_interference_probe import ENGINE_MODES, build_load  # noqa: E402
 
 SPIN_KINDS = {"alu": 0, "walk": 1, "cached": 2, "submit": 3, "fault": 4, "pingpong": 5}
 # Kinds that PyTorch runs on the spinner's thread: "launch" kernel launches on a one-element tensor (the launching
-# thread's rate: the GPU keeps up), "gemm" 4096 x 4096 bf16 matrix products timed by events (the GPU's rate: the
-# launches keep ahead).
-# "graph" replays a CUDA graph of 1,000 such one-element kernels, "graph-mm" one of 100 products of 1024 x 2048 by
-# 2048 x 2048 (bf16, a 1.1B model's layer at batch 1 x 1024) each followed by an elementwise kernel: the GPU's rate at
-# the small kernels of a training step, with no launching thread in the way (kernels per GPU second).
-# "ops" out-of-place PyTorch ops on small tensors (a new tensor each, from PyTorch's caching allocator), the launching
-# thread's rate as in a training step's small kernels.
+# thread's rate: the GPU keeps up); "gemm" 4096 x 4096 bf16 matrix products timed by events (the GPU's rate: the
+# launches keep ahead); "graph" replays a CUDA graph of 1,000 one-element kernels, "graph-mm" one of 100 products of
+# 1024 x 2048 by 2048 x 2048 (bf16, a 1.1B model's layer at batch 1 x 1024) each followed by an elementwise kernel:
+# the GPU's rate at the small kernels of a training step, with no launching thread in the way (kernels per GPU
+# second); "ops" out-of-place ops on small tensors (a new tensor each, from PyTorch's caching allocator): the
+# launching thread's rate at a training step's small kernels.
 TORCH_KINDS = ("launch", "gemm", "graph", "graph-mm", "ops")
 
 
@@ -222,6 +221,7 @@ def main(argv=None):
         for rep in range(a.repeats):
             for load in loads:
                 for kind in kinds:
+                    t_load = time.perf_counter()
                     if load != "off":
                         if so.vmm_engine_load_start(ENGINE_MODES[load], a.mib, a.regions, a.rate) != 0:
                             raise SystemExit("the load thread was already running")
@@ -239,6 +239,8 @@ def main(argv=None):
                     th.join()
                     wall = time.perf_counter() - t0
                     irq1, vm1 = read_interrupts(), tlb_vmstat()
+                    if "units" not in got:
+                        raise SystemExit(f"the spinner ({kind}) failed: see the traceback above")
                     row = {"load": load, "kind": kind, "repeat": rep, "units_per_s": got["units"] / a.seconds,
                            "irq_per_s_spin_cpu": {k: (irq1[k][a.spin_cpu] - irq0[k][a.spin_cpu]) / wall for k in irq1},
                            "irq_per_s_all": {k: (sum(irq1[k]) - sum(irq0[k])) / wall for k in irq1},
@@ -248,8 +250,9 @@ def main(argv=None):
                         err = so.vmm_load_stop(ctypes.byref(rounds), ctypes.byref(busy))
                         if err != 0:
                             raise SystemExit(f"the load thread failed (error {err}, see vmm_load.cpp)")
-                        row["load_gbps_each_way"] = rounds.value * a.regions * a.mib * 2**20 / 1e9 / wall
-                        row["load_busy_share"] = busy.value / wall
+                        load_wall = time.perf_counter() - t_load
+                        row["load_gbps_each_way"] = rounds.value * a.regions * a.mib * 2**20 / 1e9 / load_wall
+                        row["load_busy_share"] = busy.value / load_wall
                     if got["units"] < 0:
                         raise SystemExit(f"the spinner failed ({kind})")
                     rows.append(row)

@@ -117,6 +117,20 @@
 //   (note_cache_miss_locked), up to half of budget - reserve for transients, so that prefetching keeps at least
 //   half its room; it never shrinks. A size fixes it (at most the whole capacity); none is the former behaviour.
 //
+// Note [Following reserve]
+//   The reserve of Note [Policy] is the step's peak of transient bytes, kept free at every moment. But the
+//   transient bytes of a training step rise through the forward pass and fall through the backward one (LoRA at
+//   25% on the H200: 0.5 GB at the step's start and end, 2.6 GB at the loss), so at the start of the forward pass
+//   most of the reserve is room no activation needs yet, and the weights it could hold are evicted and prefetched
+//   again. With LAYERSWAP_RESERVE=follow[:N] the engine learns the peak of each 64th of the learned step (the
+//   transient bytes seen by the rounds in it, raised by an allocation that had to evict synchronously there), and
+//   once every 64th has been seen with the same step length, a round's reserve is the peak of its own 64th and the
+//   N after it (default 4): the policy evicts ahead of the activations' growth (the Belady victims of Note
+//   [Policy], the regions just used) and prefetches into what they leave as they are freed. Until then, and when
+//   the step length changes (relearned: the peaks start again), the reserve is the step's peak. Experimental: the
+//   room it gives the weights was the activations' segments, and the allocator cannot reuse a weight's chunk for
+//   an activation of another size without releasing it and making another.
+//
 // Note [Digest carried over]
 //   A prefetch digests what it brought in (Note [Write-back]) so that the next eviction can tell a clean region.
 //   When the region's digest is known and no launch touched it since its eviction (its gate sequence still equals
@@ -386,6 +400,14 @@ struct residency_engine::impl {
   std::multimap<std::size_t, host_backing> spare_host;    // bytes -> pooled host backing (view still mapped)
   std::size_t host_bytes = 0;                              // host-located bytes in existence
   std::size_t max_transient = 0;  // the reserve for memory that cannot move (Note [Policy])
+  // Note [Following reserve]: the transient peak of each 64th of the learned step, for a step of `phase_step`
+  // launches; `phases_seen` of them have been seen since it last changed; `phase` is the last round's.
+  static constexpr std::size_t k_phases = 64;
+  std::array<std::size_t, k_phases> phase_peak{};
+  std::array<bool, k_phases> phase_seen{};
+  std::size_t phases_seen = 0;
+  std::uint64_t phase_step = 0;
+  std::size_t phase = 0;
   std::size_t cache_grown = 0;    // the automatic cache reserve's bytes before its cap (Note [Cache reserve])
   bool forecast_applied = false;   // the last policy round had a forecast (ranks mean next uses)
   std::uint64_t pin_generation = ~std::uint64_t{0};
@@ -1372,6 +1394,31 @@ struct residency_engine::impl {
     }
   }
 
+  // The reserve for memory that cannot move this round: the step's peak, or with LAYERSWAP_RESERVE=follow the
+  // peak of the learned step's part just ahead (Note [Following reserve]).
+  std::size_t reserve_for(const forecast& f, std::size_t transient) {
+    if (f.step_launches == 0) return max_transient;
+    if (f.step_launches != phase_step) {  // relearned: the peaks start again
+      phase_step = f.step_launches;
+      phase_peak.fill(0);
+      phase_seen.fill(false);
+      phases_seen = 0;
+    }
+    phase = static_cast<std::size_t>(f.step_position % f.step_launches * k_phases / f.step_launches);
+    phase_peak[phase] = std::max(phase_peak[phase], transient);
+    if (!phase_seen[phase]) {
+      phase_seen[phase] = true;
+      ++phases_seen;
+    }
+    if (!options.reserve_follow || phases_seen < k_phases) return max_transient;
+    std::size_t reserve = 0;
+    for (std::size_t k = 0; k <= options.reserve_ahead; ++k) {
+      reserve = std::max(reserve, phase_peak[(phase + k) % k_phases]);
+    }
+    ++st.reserve_followed;
+    return std::min(reserve, max_transient);
+  }
+
   void policy_forecast(const forecast& f, std::size_t budget) {
     const std::size_t transient = transient_bytes();
     max_transient = std::max(max_transient, transient);
@@ -1381,7 +1428,9 @@ struct residency_engine::impl {
       auto& peak = st.transient_peak_by_phase[step_phase];
       peak = std::max(peak, static_cast<std::int64_t>(transient));
     }
-    std::size_t capacity = budget > max_transient ? budget - max_transient : 0;
+    const std::size_t reserve = reserve_for(f, transient);
+    st.reserve_bytes = static_cast<std::int64_t>(reserve);
+    std::size_t capacity = budget > reserve ? budget - reserve : 0;
     // Note [Cache reserve]
     const std::size_t cache_reserve = options.cache_reserve_auto ? std::min(cache_grown, capacity / 2)
                                                                  : std::min(options.cache_reserve, capacity);
@@ -1744,7 +1793,11 @@ bool residency_engine::evict_sync_locked() {
   impl& m = *impl_;
   if (!m.active()) return false;  // Note [No tracker]
   // The allocation this serves did not fit: the reserve for memory that cannot move was too small.
-  if (m.forecast_applied) m.max_transient = std::max(m.max_transient, m.transient_bytes() + m.gran);
+  if (m.forecast_applied) {
+    const std::size_t needed = m.transient_bytes() + m.gran;
+    m.max_transient = std::max(m.max_transient, needed);
+    if (m.phase_step != 0) m.phase_peak[m.phase] = std::max(m.phase_peak[m.phase], needed);  // Note [Following reserve]
+  }
   // Note [Allocation under pressure]: evictions already in flight free pages soonest. Finish the moves whose copies
   // are done (no host wait); if none of them was an eviction, wait for the oldest eviction in flight alone (the D2H
   // stream runs in order: its copy is the next to end), not for every move, prefetches included.

@@ -53,6 +53,10 @@ struct residency_options {
   // allocator's cache. Automatic: grown by note_cache_miss_locked(), at most half the policy's room; else fixed.
   bool cache_reserve_auto = false;
   std::size_t cache_reserve = 0;
+  // LAYERSWAP_RESERVE=follow[:N] (residency.cpp, Note [Following reserve]): the reserve for memory that cannot
+  // move is the peak learned for the next `reserve_ahead` 64ths of the step (and the current one), not the step's.
+  bool reserve_follow = false;
+  std::uint32_t reserve_ahead = 4;
   std::chrono::microseconds period{200};            // migration thread period
   // How long an idle migration thread sleeps (residency.cpp, Note [Idle engine]); at most `period`: never idle.
   std::chrono::microseconds idle_period{20000};
@@ -104,6 +108,8 @@ struct residency_stats {
   std::int64_t chunks_released_for_pages = 0;  // ... spares released for the allocator (release_spare_locked)
   std::int64_t spare_bytes = 0;        // device bytes in spare chunks now
   std::int64_t cache_reserve_bytes = 0;  // the cache reserve the last policy round left (Note [Cache reserve])
+  std::int64_t reserve_bytes = 0;        // the reserve for memory that cannot move the last policy round left
+  std::int64_t reserve_followed = 0;     // policy rounds whose reserve followed the step (Note [Following reserve])
   std::int64_t cache_misses = 0;       // allocations that destroyed a cached segment for want of their size
   // Note [Late prefetches] in residency.cpp: prefetches a launch waited for, their bytes, how long after its
   // begin the first launch began waiting (summed), and that wait split: until the copy was seen complete, and

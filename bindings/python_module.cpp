@@ -121,6 +121,8 @@ py::dict residency_dict(const residency_stats& r) {
   d["chunks_released_for_size"] = r.chunks_released_for_size;
   d["chunks_released_for_pages"] = r.chunks_released_for_pages;
   d["cache_reserve_bytes"] = r.cache_reserve_bytes;
+  d["reserve_bytes"] = r.reserve_bytes;
+  d["reserve_followed"] = r.reserve_followed;
   d["cache_misses"] = r.cache_misses;
   d["late_prefetches"] = r.late_prefetches;
   d["late_bytes"] = r.late_bytes;
@@ -192,6 +194,7 @@ PYBIND11_MODULE(_C, m) {
     char oversize[32];
     out["LAYERSWAP_OVERSIZE"] = std::string(oversize, std::to_chars(oversize, oversize + sizeof oversize, c.oversize).ptr);
     out["LAYERSWAP_CACHE_RESERVE"] = cache_reserve_text(c);
+    out["LAYERSWAP_RESERVE"] = reserve_text(c);
     return out;
   }, "The settings in force, by variable name.");
   m.def("describe_config", [] { return global_config().describe(); });

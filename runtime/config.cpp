@@ -27,7 +27,7 @@ namespace {
 enum row : std::size_t {
   row_enable, row_budget, row_log, row_stats, row_va_reserve, row_track, row_track_api, row_trace,
   row_prefetch, row_pin, row_host_limit, row_hold, row_writeback, row_oversize, row_cache_reserve,
-  row_composites, row_split, row_reclaim, row_count
+  row_composites, row_split, row_reclaim, row_reserve, row_count
 };
 
 constexpr setting_info k_settings[row_count] = {
@@ -87,6 +87,11 @@ constexpr setting_info k_settings[row_count] = {
     {"LAYERSWAP_RECLAIM", "fit", "fit or oldest",
      "Which idle segment a request that finds no room destroys first: fit, the smallest one that covers what it lacks "
      "(else the largest), so that big segments stay for big requests; oldest, the least recently freed"},
+    {"LAYERSWAP_RESERVE", "peak", "peak, follow, or follow:N with N a whole number from 0 to 32",
+     "Experimental: the device memory swapping leaves to memory that cannot move (activations): peak, the largest "
+     "amount seen at any moment of a step; follow, the largest seen in the part of the learned step just ahead (N "
+     "64ths of it after the current one, 4 with follow), so that weights fill what the activations leave between "
+     "their peaks"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";
@@ -297,6 +302,13 @@ const char* track_name(config::track_mode mode) noexcept {
   return "auto";
 }
 
+std::string reserve_text(const config& c) {
+  if (!c.reserve_follow) return "peak";
+  std::string text = "follow";
+  if (c.reserve_ahead != config{}.reserve_ahead) text += ':' + std::to_string(c.reserve_ahead);
+  return text;
+}
+
 std::string cache_reserve_text(const config& c) {
   if (c.cache_reserve_auto) return "auto";
   return c.cache_reserve ? format_size(c.cache_reserve) : std::string("none");
@@ -465,6 +477,7 @@ std::string config::describe() const {
   line(row_composites, composites ? "1" : "0", "  (default)");
   line(row_split, split == 0 ? "0" : std::to_string(split), "  (default)");
   line(row_reclaim, reclaim_fit ? "fit" : "oldest", "  (default)");
+  line(row_reserve, reserve_text(*this), "  (default)");
   for (const auto& message : unknown) {
     out += message;
     out += '\n';
@@ -528,6 +541,26 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
       result.reclaim_fit = false;
     } else {
       reject(k_settings[row_reclaim].name, *reclaim, "is neither fit nor oldest", k_settings[row_reclaim].accepted);
+    }
+  }
+  if (const auto reserve = given(row_reserve)) {
+    const std::string_view v = trim(*reserve);
+    const std::string_view accepted = k_settings[row_reserve].accepted;
+    const std::string_view name = k_settings[row_reserve].name;
+    if (iequals(v, "peak")) {
+      result.reserve_follow = false;
+    } else if (iequals(v, "follow")) {
+      result.reserve_follow = true;
+    } else if (v.size() > 7 && iequals(v.substr(0, 7), "follow:")) {
+      const std::string_view num = trim(v.substr(7));
+      std::uint32_t n = 0;
+      bool ok = !num.empty() && num.size() <= 2;
+      for (char c : num) ok = ok && is_digit(c), n = n * 10 + static_cast<std::uint32_t>(c - '0');
+      if (!ok || n > 32) reject(name, *reserve, "has no whole number from 0 to 32 after follow:", accepted);
+      result.reserve_follow = true;
+      result.reserve_ahead = n;
+    } else {
+      reject(name, *reserve, "is neither peak nor follow", accepted);
     }
   }
   if (const auto split = given(row_split)) {

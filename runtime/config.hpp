@@ -80,6 +80,10 @@ struct config {
   // LAYERSWAP_RECLAIM: which idle segment a request without room destroys first (caching_allocator.cpp, Note
   // [Reclaim by fit]): the smallest that covers it (fit, the default) or the least recently freed (oldest).
   bool reclaim_fit = true;
+  // LAYERSWAP_RESERVE: the policy's reserve for memory that cannot move (residency.cpp, Note [Following reserve]):
+  // the step's peak (the default), or the peak of the part of the learned step just ahead, `reserve_ahead` 64ths.
+  bool reserve_follow = false;
+  std::uint32_t reserve_ahead = 4;
   // Whether the launch tracker should run (LAYERSWAP_TRACK against `enabled`).
   [[nodiscard]] bool tracking() const noexcept {
     return track == track_mode::on || track == track_mode::subscribe_only ||
@@ -116,6 +120,9 @@ struct config {
 
 // LAYERSWAP_TRACK's value as written: "auto", "0", "1" or "subscribe-only".
 [[nodiscard]] const char* track_name(config::track_mode mode) noexcept;
+
+// LAYERSWAP_RESERVE's value as written: "peak", "follow" or "follow:N".
+[[nodiscard]] std::string reserve_text(const config& c);
 
 // LAYERSWAP_CACHE_RESERVE's value as written: "auto", "none" or a size such as "256MiB".
 [[nodiscard]] std::string cache_reserve_text(const config& c);

@@ -64,7 +64,7 @@ std::string config_error_of(const vars& v) {
 
 TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   const auto table = settings_table();
-  ASSERT_EQ(table.size(), 18u);
+  ASSERT_EQ(table.size(), 19u);
   std::vector<std::string> names;
   for (const auto& info : table) {
     names.emplace_back(info.name);
@@ -76,7 +76,7 @@ TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
                                              "LAYERSWAP_PREFETCH", "LAYERSWAP_PIN", "LAYERSWAP_HOST_LIMIT", "LAYERSWAP_HOLD",
                                              "LAYERSWAP_WRITEBACK", "LAYERSWAP_OVERSIZE",
                                              "LAYERSWAP_CACHE_RESERVE", "LAYERSWAP_COMPOSITES", "LAYERSWAP_SPLIT",
-                                             "LAYERSWAP_RECLAIM"}));
+                                             "LAYERSWAP_RECLAIM", "LAYERSWAP_RESERVE"}));
   EXPECT_STREQ(row("LAYERSWAP").default_value, "0");
   EXPECT_STREQ(row("LAYERSWAP_BUDGET").default_value, "none");
   EXPECT_STREQ(row("LAYERSWAP_LOG").default_value, "warn");
@@ -539,7 +539,8 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_CACHE_RESERVE=auto  (default)\n"
             "LAYERSWAP_COMPOSITES=0  (default)\n"
             "LAYERSWAP_SPLIT=0  (default)\n"
-            "LAYERSWAP_RECLAIM=fit  (default)\n");
+            "LAYERSWAP_RECLAIM=fit  (default)\n"
+            "LAYERSWAP_RESERVE=peak  (default)\n");
 }
 
 TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
@@ -567,6 +568,7 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_COMPOSITES=0  (default)\n"
             "LAYERSWAP_SPLIT=0  (default)\n"
             "LAYERSWAP_RECLAIM=fit  (default)\n"
+            "LAYERSWAP_RESERVE=peak  (default)\n"
             "unknown setting LAYERSWAP_BUGDET=1 (did you mean LAYERSWAP_BUDGET?)\n");
 }
 
@@ -755,6 +757,27 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   EXPECT_NE(config_error_of(vars{{"LAYERSWAP_RECLAIM", "lru"}}).find("LAYERSWAP_RECLAIM"), std::string::npos);
   EXPECT_NE(parse_config(vars{{"LAYERSWAP_RECLAIM", "oldest"}}).describe().find("LAYERSWAP_RECLAIM=oldest\n"),
             std::string::npos);
+  EXPECT_FALSE(parse_config(vars{}).reserve_follow);
+  EXPECT_FALSE(parse_config(vars{{"LAYERSWAP_RESERVE", " Peak "}}).reserve_follow);
+  {
+    const config c = parse_config(vars{{"LAYERSWAP_RESERVE", "follow"}});
+    EXPECT_TRUE(c.reserve_follow);
+    EXPECT_EQ(c.reserve_ahead, 4u);
+    EXPECT_NE(c.describe().find("LAYERSWAP_RESERVE=follow\n"), std::string::npos) << c.describe();
+  }
+  for (const auto& [text, ahead] : std::vector<std::pair<std::string, std::uint32_t>>{
+           {"follow:0", 0}, {"FOLLOW: 8", 8}, {"follow:32", 32}, {"follow:04", 4}}) {
+    const config c = parse_config(vars{{"LAYERSWAP_RESERVE", text}});
+    EXPECT_TRUE(c.reserve_follow) << text;
+    EXPECT_EQ(c.reserve_ahead, ahead) << text;
+  }
+  EXPECT_NE(parse_config(vars{{"LAYERSWAP_RESERVE", "follow:8"}}).describe().find("LAYERSWAP_RESERVE=follow:8\n"),
+            std::string::npos);
+  for (const char* bad : {"max", "follow:", "follow:33", "follow:-1", "follow:x", "follow:100", "follow 4"}) {
+    const std::string why = config_error_of(vars{{"LAYERSWAP_RESERVE", bad}});
+    EXPECT_NE(why.find("LAYERSWAP_RESERVE"), std::string::npos) << bad << ": " << why;
+    EXPECT_NE(why.find("follow:N"), std::string::npos) << bad << ": " << why;
+  }
   EXPECT_TRUE(parse_config(vars{}).cache_reserve_auto);
   EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_CACHE_RESERVE", " Auto "}}).cache_reserve_auto);
   for (const char* off : {"none", "0", " NONE "}) {

@@ -36,9 +36,14 @@ class fixed_forecast final : public forecast_source {
     std::lock_guard lock(mutex_);
     f_.learned = learned;
     ++f_.generation;
-    f_.step_launches = 1000;
     f_.upcoming.clear();
     for (std::size_t i = 0; i < order.size(); ++i) f_.upcoming.push_back({order[i], 0, i + 1});
+  }
+  // The learner's position within its learned step, of 1000 launches unless said (Note [Following reserve]).
+  void set_position(std::uint64_t step_position, std::uint64_t step_launches = 1000) {
+    std::lock_guard lock(mutex_);
+    f_.step_position = step_position;
+    f_.step_launches = step_launches;
   }
   void current(forecast& out, std::size_t max_regions) override {
     std::lock_guard lock(mutex_);
@@ -48,7 +53,11 @@ class fixed_forecast final : public forecast_source {
 
  private:
   std::mutex mutex_;
-  forecast f_;
+  forecast f_ = [] {
+    forecast f;
+    f.step_launches = 1000;
+    return f;
+  }();
 };
 
 // Whether every byte of [p, p + bytes) reads `v` through its VA (host_read is checked like a kernel access).
@@ -95,6 +104,13 @@ struct split_on {
   ~split_on() { g_split = false; }
 };
 
+// ... and residency_options::reserve_follow (Note [Following reserve]): off, as by default; follow_on for one test.
+bool g_follow = false;
+struct follow_on {
+  explicit follow_on(bool on) { g_follow = on; }
+  ~follow_on() { g_follow = false; }
+};
+
 struct harness {
   explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true,
                    bool skip_clean = true, bool sim_digests = true, double oversize = 1.0, bool cache_auto = false)
@@ -129,6 +145,7 @@ struct harness {
     o.residency.idle_period = g_idle_period;
     o.composites = g_composites;
     o.split = g_split ? 4 : 0;
+    o.residency.reserve_follow = g_follow;
     return o;
   }
 
@@ -998,6 +1015,57 @@ TEST(Residency, PolicyKeepsTheReserveForActivations) {
   for (void* p : w) h.alloc.deallocate(p);
 }
 
+// Note [Following reserve]: a step whose activations need 4 MiB in its first half and 20 MiB in its second. With the
+// step's peak as the reserve, the weights get 32 - 20 MiB at every moment; with LAYERSWAP_RESERVE=follow, once every
+// 64th of the step has been seen, they get the whole first half's room and are evicted ahead of the second half's
+// activations, which then find their room without evicting synchronously.
+TEST(Residency, FollowingReserveGivesTheWeightsTheRoomActivationsLeave) {
+  for (const bool follow : {false, true}) {
+    SCOPED_TRACE(follow ? "follow" : "peak");
+    follow_on mode(follow);
+    fixed_forecast f;
+    harness h(32 * MiB);
+    h.alloc.set_forecast_source(&f);
+    std::vector<void*> w;
+    for (int i = 0; i < 4; ++i) w.push_back(h.written(4 * MiB, static_cast<std::uint8_t>(0x60 + i)));
+    std::vector<region_id> order;
+    for (void* p : w) order.push_back(harness::id_of(p));
+    f.set(order);
+    void* small = h.written(4 * MiB, 0x01);  // live all step
+    void* big = nullptr;                   // live in the step's second half
+    std::size_t weights_at_start = 0;
+    std::int64_t stalls_after_learning = 0;
+    for (int step = 0; step < 3; ++step) {
+      if (step == 2) stalls_after_learning = h.alloc.residency().stall_evictions;
+      for (std::uint64_t phase = 0; phase < 64; ++phase) {
+        f.set_position(phase * 1000 / 64 + 1);
+        if (phase == 32) big = h.written(16 * MiB, static_cast<std::uint8_t>(0x10 + step));
+        for (int i = 0; i < 3; ++i) h.alloc.residency_tick();
+        if (phase == 2 && step == 2) {
+          for (void* p : w) weights_at_start += h.alloc.residency_of(p) == region_residency::device ? 4 * MiB : 0;
+        }
+        EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(32 * MiB));
+      }
+      ASSERT_TRUE(h.holds(big, 16 * MiB, static_cast<std::uint8_t>(0x10 + step)));
+      h.alloc.deallocate(big);
+    }
+    const residency_stats r = h.alloc.residency();
+    if (follow) {
+      EXPECT_EQ(weights_at_start, 16 * MiB) << "the first half's room held every weight";
+      EXPECT_GT(r.reserve_followed, 0);
+      EXPECT_EQ(r.stall_evictions, stalls_after_learning) << "the weights were evicted ahead of the activations";
+    } else {
+      EXPECT_LE(weights_at_start, 12 * MiB) << "the step's peak is reserved at every moment";
+      EXPECT_EQ(r.reserve_followed, 0);
+    }
+    for (int i = 0; i < 4; ++i) EXPECT_TRUE(h.holds(w[static_cast<std::size_t>(i)], 4 * MiB, 0x60 + i));
+    EXPECT_TRUE(h.holds(small, 4 * MiB, 0x01));
+    h.expect_clean();
+    h.alloc.deallocate(small);
+    for (void* p : w) h.alloc.deallocate(p);
+  }
+}
+
 // Note [Cache reserve]: an allocation that finds no cached segment of its size and destroys another's grows the
 // automatic cache reserve, and the policy then keeps that much of its room free for the cache (evicting a forecast
 // region to make it). Without the reserve the forecast regions keep the room.
@@ -1229,8 +1297,9 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   const bool cache_auto = (seed / 2) % 2 == 1;         // Note [Cache reserve] on half the seeds, both oversizes
   g_composites = seed % 3 != 0;                       // Note [Composites] on two seeds in three
   g_split = seed % 4 == 1 || seed % 4 == 2;           // Note [Split segments] on half the seeds, both oversizes
+  g_follow = seed % 5 >= 2;                            // Note [Following reserve] on three seeds in five
   struct composites_on {
-    ~composites_on() { g_composites = true; g_split = false; }
+    ~composites_on() { g_composites = true; g_split = false; g_follow = false; }
   } restore_composites;
   harness h(budget, eager, thread, true, true, true, oversize, cache_auto);
   stream_handle streams[] = {h.s1, one_stream ? h.s1 : h.s2, one_stream ? h.s1 : nullptr};
@@ -1240,7 +1309,8 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   std::size_t ooms = 0;
   SCOPED_TRACE("seed " + std::to_string(seed) + " budget " + std::to_string(budget >> 20) + " MiB eager " +
                std::to_string(eager) + " thread " + std::to_string(thread) + " oversize " + std::to_string(oversize) +
-               " cache reserve " + (cache_auto ? "auto" : "none") + " composites " + std::to_string(g_composites) + " split " + std::to_string(g_split));
+               " cache reserve " + (cache_auto ? "auto" : "none") + " composites " + std::to_string(g_composites) + " split " + std::to_string(g_split) +
+               " follow " + std::to_string(g_follow));
 
   auto refresh_forecast = [&] {
     if (mode == forecast_mode::absent) return;
@@ -1257,6 +1327,10 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
     }
     f.set(order);
   };
+  // The learner's position moves on a 64th of a 64-launch step before each tick (Note [Following reserve]), so that
+  // the policy sees every 64th and then follows (on the seeds where it does).
+  std::uint64_t position = 0;
+  auto advance = [&] { f.set_position(position++ % 64, 64); };
 
   auto launch = [&](stream_handle s, std::vector<sim_access> acc) {
     if (holding) {
@@ -1315,7 +1389,11 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
       for (int k = 0; k < 8; ++k) plan.push_back(pick(live.size()));
       refresh_forecast();
     } else if (op < 88) {
-      if (!thread) h.alloc.residency_tick();
+      const bool following = g_follow && mode != forecast_mode::absent;
+      for (int i = 0; i < (following ? 4 : 1); ++i) {  // following seeds: enough rounds to see every 64th
+        advance();
+        if (!thread) h.alloc.residency_tick();
+      }
     } else if (op < 92) {  // forced moves, as a confused policy would make them
       const live_alloc& l = live[pick(live.size())];
       if (pick(2)) (void)h.alloc.request_evict(l.p); else (void)h.alloc.request_prefetch(l.p);
@@ -1369,17 +1447,19 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
     sum.writeback_skipped += st.writeback_skipped;
     sum.cache_misses += st.cache_misses;
     sum.cache_reserve_bytes = std::max(sum.cache_reserve_bytes, st.cache_reserve_bytes);
+    sum.reserve_followed += st.reserve_followed;
   }
   std::printf("  swapped: %lld evictions (%lld synchronous), %lld prefetches, %lld abandoned, %lld cancelled\n",
               static_cast<long long>(sum.evictions), static_cast<long long>(sum.stall_evictions),
               static_cast<long long>(sum.prefetches), static_cast<long long>(sum.abandoned),
               static_cast<long long>(sum.cancelled));
   std::printf("  write-backs: %lld checked, %lld skipped (clean); oversize reuses: %lld; composites: %lld; splits: "
-              "%lld; cache misses %lld, largest cache reserve at a seed's end %lld bytes\n",
+              "%lld; cache misses %lld, largest cache reserve at a seed's end %lld bytes; rounds with a following "
+              "reserve %lld\n",
               static_cast<long long>(sum.writeback_checked), static_cast<long long>(sum.writeback_skipped),
               static_cast<long long>(reuses), static_cast<long long>(composites), static_cast<long long>(splits),
               static_cast<long long>(sum.cache_misses),
-              static_cast<long long>(sum.cache_reserve_bytes));
+              static_cast<long long>(sum.cache_reserve_bytes), static_cast<long long>(sum.reserve_followed));
   EXPECT_GT(sum.evictions, 0);
   EXPECT_GT(sum.prefetches, 0);
   // Note [Write-back]: the random traces leave some regions unwritten between a prefetch and an eviction and write
@@ -1395,6 +1475,9 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
   }
   if (!thread) {
     EXPECT_GT(splits, 0) << "no split segment (Note [Split segments]) served an allocation under the checks";
+  }
+  if (!thread && mode != forecast_mode::absent) {
+    EXPECT_GT(sum.reserve_followed, 0) << "no round followed the step (Note [Following reserve]) under the checks";
   }
   if (holding) {
     const std::uint64_t holds = residency_gate::waits().holds - holds_before;

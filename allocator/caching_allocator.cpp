@@ -116,6 +116,17 @@
 //   backward pass, left the policy no room (14x slower); full fine-tuning at 10% spent half the time in allocator
 //   calls at bound 4, and prefetched 25% less, for the same step.
 //
+// Note [Split spares]
+//   With LAYERSWAP_SPLIT on, a request that finds no free range and no idle segment to split may take the smallest
+//   spare chunk (residency.cpp, Note [Chunks]: an evicted region's device memory) above its reuse window and within
+//   LAYERSWAP_SPLIT times its size: the chunk becomes a segment of the request's pool (mapped at a new VA, access
+//   granted: the calls of any new segment), and the request a range of it; later requests of the pool take the
+//   rest. Without it the request releases spare chunks and makes one of its own size, and the next prefetch of the
+//   evicted size does the reverse. This is the room LAYERSWAP_RESERVE=follow moves between weights and activations
+//   twice a step (residency.cpp, Note [Following reserve]): the forward pass's activations go into the chunks of
+//   the weights evicted ahead of them; freed in the backward pass, the whole segment is idle again, and a prefetch
+//   of that size takes its chunk back when the policy reclaims it.
+//
 // Note [Reclaim by fit]
 //   A request that finds no room reclaims idle segments whose work the GPU has finished (fenced), one at a time, until
 //   the room covers it. Least recently freed first (LAYERSWAP_RECLAIM=oldest) destroys whatever is oldest: on the
@@ -480,6 +491,7 @@ struct caching_allocator::impl final : detail::page_source {
   void release_block_locked(segment* seg, std::uint32_t block);
   // Note [Split segments]
   void* allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool);
+  void* allocate_spare_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool);
   [[nodiscard]] bool splittable_locked(const segment* seg) const noexcept;
   void release_range_locked(segment* seg, std::uint32_t first);
   void cache_large_locked(segment* seg);  // a large segment with nothing live: cached, or retired if host-backed
@@ -1137,6 +1149,7 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
   if (!seg && log_enabled(log_level::debug) && !room_for_new_locked(npages)) log_cache_miss_locked(pool, bytes);
   if (!seg && options.split > 1 && engine && !room_for_new_locked(npages)) {  // Note [Split segments]
     if (void* p = allocate_split_locked(bytes, npages, pool)) return p;
+    if (void* p = allocate_spare_split_locked(bytes, npages, pool)) return p;  // Note [Split spares]
   }
   if (!seg && options.oversize > 1.0 && !room_for_new_locked(npages)) {  // Note [Oversize reuse]
     const auto most = static_cast<std::size_t>(static_cast<double>(npages) * options.oversize);
@@ -1294,6 +1307,23 @@ void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::siz
   count(false, &pool_stats::active, 1);
   count(false, &pool_stats::active_bytes, sz);
   return reinterpret_cast<void*>(best->va + (static_cast<device_ptr>(taken.first) << gran_shift));
+}
+
+// Note [Split spares]: a spare chunk above the request's reuse window and within LAYERSWAP_SPLIT times its size
+// becomes an idle segment of the request's pool (one mapping, no chunk made or released), which the request then
+// splits. nullptr: no such spare.
+void* caching_allocator::impl::allocate_spare_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool) {
+  const std::size_t lo = (npages + npages / 8 + 1) << gran_shift;
+  const std::size_t spare = engine->spare_within_locked(lo, (npages * options.split) << gran_shift);
+  if (spare == 0) return nullptr;
+  segment* seg = new_chunk_segment_locked(pool, spare, bytes);  // takes that spare: nothing else is smaller
+  if (pool->free_by_pages.size() <= seg->npages()) pool->free_by_pages.resize(seg->npages() + 1);
+  count(false, &pool_stats::segments, 1);
+  residency_gate::mark_large(seg->region);
+  cache_large_locked(seg);
+  void* p = allocate_split_locked(bytes, npages, pool);
+  if (p) ++st.num_spare_splits;
+  return p;
 }
 
 // The range at granule `first` of a split segment is free for reuse on its pool's stream (its allocation was already
@@ -1694,7 +1724,7 @@ void caching_allocator::reset_accumulated_stats() {
   impl_->st.num_calls = impl_->st.call_ns = 0;
   impl_->call_ticks = 0;
   impl_->st.num_reclaims = impl_->st.num_engine_reclaims = impl_->st.num_oversize_reuses = 0;
-  impl_->st.num_composites = impl_->st.composite_donors = impl_->st.num_zombies_reaped = impl_->st.num_splits = 0;
+  impl_->st.num_composites = impl_->st.composite_donors = impl_->st.num_zombies_reaped = impl_->st.num_splits = impl_->st.num_spare_splits = 0;
   impl_->st.segment_new_ns = impl_->st.segment_destroy_ns = 0;
 }
 

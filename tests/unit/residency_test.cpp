@@ -1913,6 +1913,46 @@ TEST(Residency, ARequestReclaimsTheSmallestIdleSegmentThatCoversIt) {
   }
 }
 
+// Note [Split spares]: under a full budget, a request with no segment to split takes an evicted region's spare chunk
+// as a segment of its own pool and a range of it, with no chunk made or released; the next request of the pool takes
+// the rest; freed, the segment is idle whole, and the evicted region's prefetch gets that chunk back.
+TEST(Residency, SplitSparesServeRequestsFromAnEvictedRegionsChunk) {
+  split_on on;
+  fixed_forecast f;  // outlives the allocator; set once w's prefetch is due
+  harness h(16 * MiB);
+  void* w = h.written(8 * MiB, 0x31);
+  void* fill = h.written(8 * MiB, 0x32);  // the budget is full
+  h.go_out(w);
+  ASSERT_EQ(h.alloc.residency().spare_bytes, static_cast<std::int64_t>(8 * MiB)) << "its chunk is a spare";
+  const std::size_t creates = h.sim.num_creates();
+  const std::int64_t released = h.alloc.residency().chunks_released;
+  auto* a = static_cast<char*>(h.alloc.allocate(4 * MiB, h.s1));
+  void* b = h.alloc.allocate(4 * MiB, h.s1);
+  EXPECT_EQ(b, a + 4 * MiB) << "the rest of the spare's segment serves the next request";
+  allocator_stats st = h.alloc.stats();
+  EXPECT_EQ(st.num_spare_splits, 1);
+  EXPECT_EQ(st.num_splits, 2);
+  EXPECT_EQ(h.sim.num_creates(), creates) << "a chunk was made";
+  EXPECT_EQ(h.alloc.residency().chunks_released, released) << "a spare was released";
+  h.write(h.s1, a, 4 * MiB, 0x41);
+  h.write(h.s1, b, 4 * MiB, 0x42);
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 0x41));
+  EXPECT_TRUE(h.holds(b, 4 * MiB, 0x42));
+  EXPECT_TRUE(h.holds(w, 8 * MiB, 0x31)) << "the evicted region reads its host copy";
+  h.alloc.deallocate(a);
+  h.alloc.deallocate(b);
+  h.alloc.set_forecast_source(&f);  // w comes up next: the policy reclaims the idle segment for its prefetch
+  f.set({harness::id_of(w)});
+  for (int i = 0; i < 4; ++i) h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(w), region_residency::device);
+  EXPECT_EQ(h.sim.num_creates(), creates) << "the prefetch made a chunk";
+  EXPECT_TRUE(h.holds(w, 8 * MiB, 0x31));
+  EXPECT_TRUE(h.holds(fill, 8 * MiB, 0x32));
+  EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
+  h.expect_clean();
+  for (void* p : {w, fill}) h.alloc.deallocate(p);
+}
+
 // Note [Split segments]: under a full budget a large request takes a range of a larger segment its stream freed, at
 // once (its queued work still to run), with no driver call; a range freed while another stream reads it stays taken
 // until that stream is past it; the last range freed makes the segment whole again, cached for its size.

@@ -1724,7 +1724,8 @@ void caching_allocator::reset_accumulated_stats() {
   impl_->st.num_calls = impl_->st.call_ns = 0;
   impl_->call_ticks = 0;
   impl_->st.num_reclaims = impl_->st.num_engine_reclaims = impl_->st.num_oversize_reuses = 0;
-  impl_->st.num_composites = impl_->st.composite_donors = impl_->st.num_zombies_reaped = impl_->st.num_splits = impl_->st.num_spare_splits = 0;
+  impl_->st.num_composites = impl_->st.composite_donors = impl_->st.num_zombies_reaped = 0;
+  impl_->st.num_splits = impl_->st.num_spare_splits = 0;
   impl_->st.segment_new_ns = impl_->st.segment_destroy_ns = 0;
 }
 

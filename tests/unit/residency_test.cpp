@@ -1309,8 +1309,8 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   std::size_t ooms = 0;
   SCOPED_TRACE("seed " + std::to_string(seed) + " budget " + std::to_string(budget >> 20) + " MiB eager " +
                std::to_string(eager) + " thread " + std::to_string(thread) + " oversize " + std::to_string(oversize) +
-               " cache reserve " + (cache_auto ? "auto" : "none") + " composites " + std::to_string(g_composites) + " split " + std::to_string(g_split) +
-               " follow " + std::to_string(g_follow));
+               " cache reserve " + (cache_auto ? "auto" : "none") + " composites " + std::to_string(g_composites) +
+               " split " + std::to_string(g_split) + " follow " + std::to_string(g_follow));
 
   auto refresh_forecast = [&] {
     if (mode == forecast_mode::absent) return;

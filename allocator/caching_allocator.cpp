@@ -812,14 +812,6 @@ segment* caching_allocator::impl::new_chunk_segment_locked(stream_pool* pool, st
       engine->note_cache_miss_locked(bytes);
       miss_noted = true;
     }
-    // Under a following reserve the room is always tight and the activations' sizes turn into each other (residency.cpp,
-    // Note [Following reserve]): their idle segments are composed before they are reclaimed and made again.
-    if (engine->following() && room_now_locked() < n) {
-      if (segment* s = compose_locked(pool, n)) {
-        st.segment_new_ns += elapsed_ns(start);
-        return s;
-      }
-    }
     while (room_now_locked() < n && reclaim_fenced_locked(n - room_now_locked())) {
     }
     if (room_now_locked() < n) {

@@ -1919,8 +1919,6 @@ std::size_t residency_engine::spare_pages_locked() const noexcept { return impl_
 
 bool residency_engine::has_spare_locked(std::size_t bytes) const noexcept { return impl_->spare_chunks.contains(bytes); }
 
-bool residency_engine::following() const noexcept { return impl_->options.reserve_follow; }
-
 std::size_t residency_engine::spare_within_locked(std::size_t lo, std::size_t hi) const noexcept {
   const auto it = impl_->spare_chunks.lower_bound(lo);
   return it != impl_->spare_chunks.end() && it->first <= hi ? it->first : 0;

@@ -404,7 +404,6 @@ struct caching_allocator::impl final : detail::page_source {
   [[nodiscard]] std::size_t pooled_bytes() const override { return idle_pages.size() * gran; }
   [[nodiscard]] std::size_t idle_bytes() const override;
   void reclaim_idle(std::size_t n) override;
-  bool reclaim_idle_sized(std::size_t bytes) override;
   void maintain() override;
   void start_engine_if_needed();
   // The mutex, for the program's allocate/deallocate: counts the calls that had to wait for it (the migration
@@ -1547,24 +1546,6 @@ void caching_allocator::impl::reclaim_idle(std::size_t n) {
     }
   }
   start_fences_locked();
-}
-
-// For a prefetch of `bytes` (residency.cpp, Note [Following reserve]): an idle chunk-backed segment of that size,
-// fenced, destroyed: its chunk is the spare the prefetch then takes, with no chunk released or made.
-bool caching_allocator::impl::reclaim_idle_sized(std::size_t bytes) {
-  const std::size_t n = bytes >> gran_shift;
-  poll_fences_locked();
-  for (auto& pool : pools) {
-    if (pool->free_by_pages.size() <= n) continue;
-    for (segment* seg = pool->free_by_pages[n].head; seg; seg = seg->pool_hook.next) {
-      if (!seg->swap || !seg->parts.empty() || engine->host_backed_locked(seg->swap)) continue;
-      if (!reclaimable_now_locked(seg)) continue;
-      destroy_segment_locked(seg);
-      ++st.num_engine_reclaims;
-      return true;
-    }
-  }
-  return false;
 }
 
 // An asynchronous fence on each pool that has idle segments not yet fenced (Note [Unmap fences]), so that

@@ -492,6 +492,9 @@ struct caching_allocator::impl final : detail::page_source {
   // Note [Split segments]
   void* allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool);
   void* allocate_spare_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool);
+  // The request's range from `seg`: its free range `index`, or, `whole`, the idle segment split for the first time.
+  void* take_range_locked(segment* seg, std::size_t index, bool whole, std::size_t bytes, std::size_t npages);
+  void note_new_large_locked(segment* seg);
   [[nodiscard]] bool splittable_locked(const segment* seg) const noexcept;
   void release_range_locked(segment* seg, std::uint32_t first);
   void cache_large_locked(segment* seg);  // a large segment with nothing live: cached, or retired if host-backed
@@ -1166,9 +1169,7 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
     } else {
       seg = new_segment_locked(pool, npages << gran_shift, bytes);
     }
-    if (pool->free_by_pages.size() <= seg->npages()) pool->free_by_pages.resize(seg->npages() + 1);
-    count(false, &pool_stats::segments, 1);  // its memory was already counted in the large pool's reserved bytes
-    residency_gate::mark_large(seg->region);  // after add_locked, which prepares the gate entry
+    note_new_large_locked(seg);
   }
   seg->live = true;
   if (seg->swap) engine->set_live_locked(seg->swap, true);
@@ -1180,6 +1181,14 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
   count(false, &pool_stats::active, 1);
   count(false, &pool_stats::active_bytes, sz);
   return reinterpret_cast<void*>(seg->va);
+}
+
+// A new large segment joins its pool's books.
+void caching_allocator::impl::note_new_large_locked(segment* seg) {
+  stream_pool* pool = seg->pool;
+  if (pool->free_by_pages.size() <= seg->npages()) pool->free_by_pages.resize(seg->npages() + 1);
+  count(false, &pool_stats::segments, 1);  // its memory was already counted in the large pool's reserved bytes
+  residency_gate::mark_large(seg->region);  // after add_locked, which prepares the gate entry
 }
 
 // Makes a block free for reuse on its pool's stream (its allocation was already accounted as freed).
@@ -1279,8 +1288,13 @@ void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::siz
     }
   }
   if (!best) return nullptr;
-  std::size_t index = best_range;
+  return take_range_locked(best, whole ? 0 : best_range, whole, bytes, npages);
+}
+
+void* caching_allocator::impl::take_range_locked(segment* best, std::size_t index, bool whole, std::size_t bytes,
+                                                  std::size_t npages) {
   if (whole) {  // one free range covering it, split below
+    stream_pool* pool = best->pool;
     pool->free_by_pages[best->npages()].erase(best);
     idle.erase(best);
     best->ranges.push_back({0, static_cast<std::uint32_t>(best->npages()), 0, range_state::free});
@@ -1288,7 +1302,6 @@ void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::siz
     pool->split.push_back(best);
     best->live = true;
     if (best->swap) engine->set_live_locked(best->swap, true);
-    index = 0;
   }
   split_range& r = best->ranges[index];
   const split_range taken{r.first, static_cast<std::uint32_t>(npages), bytes, range_state::live};
@@ -1317,13 +1330,10 @@ void* caching_allocator::impl::allocate_spare_split_locked(std::size_t bytes, st
   const std::size_t spare = engine->spare_within_locked(lo, (npages * options.split) << gran_shift);
   if (spare == 0) return nullptr;
   segment* seg = new_chunk_segment_locked(pool, spare, bytes);  // takes that spare: nothing else is smaller
-  if (pool->free_by_pages.size() <= seg->npages()) pool->free_by_pages.resize(seg->npages() + 1);
-  count(false, &pool_stats::segments, 1);
-  residency_gate::mark_large(seg->region);
+  note_new_large_locked(seg);
   cache_large_locked(seg);
-  void* p = allocate_split_locked(bytes, npages, pool);
-  if (p) ++st.num_spare_splits;
-  return p;
+  ++st.num_spare_splits;
+  return take_range_locked(seg, 0, true, bytes, npages);
 }
 
 // The range at granule `first` of a split segment is free for reuse on its pool's stream (its allocation was already

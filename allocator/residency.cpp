@@ -1425,13 +1425,13 @@ struct residency_engine::impl {
   void policy_forecast(const forecast& f, std::size_t budget) {
     const std::size_t transient = transient_bytes();
     max_transient = std::max(max_transient, transient);
-    if (f.step_launches != 0) {  // Note [Late prefetches]
-      step_phase = static_cast<std::size_t>(f.step_position % f.step_launches * st.late_wait_us_by_phase.size() /
-                                            f.step_launches);
+    const std::size_t reserve = reserve_for(f, transient);  // sets `phase`, the step's 64th
+    if (f.step_launches != 0) {  // Note [Late prefetches]: the step's eighth
+      static_assert(k_phases % std::tuple_size_v<decltype(st.late_wait_us_by_phase)> == 0);
+      step_phase = phase / (k_phases / st.late_wait_us_by_phase.size());
       auto& peak = st.transient_peak_by_phase[step_phase];
       peak = std::max(peak, static_cast<std::int64_t>(transient));
     }
-    const std::size_t reserve = reserve_for(f, transient);
     st.reserve_bytes = static_cast<std::int64_t>(reserve);
     std::size_t capacity = budget > reserve ? budget - reserve : 0;
     // Note [Cache reserve]

@@ -554,9 +554,10 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
     } else if (v.size() > 7 && iequals(v.substr(0, 7), "follow:")) {
       const std::string_view num = trim(v.substr(7));
       std::uint32_t n = 0;
-      bool ok = !num.empty() && num.size() <= 2;
-      for (char c : num) ok = ok && is_digit(c), n = n * 10 + static_cast<std::uint32_t>(c - '0');
-      if (!ok || n > 32) reject(name, *reserve, "has no whole number from 0 to 32 after follow:", accepted);
+      const auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), n);
+      if (ec != std::errc{} || end != num.data() + num.size() || n > 32) {
+        reject(name, *reserve, "has no whole number from 0 to 32 after follow:", accepted);
+      }
       result.reserve_follow = true;
       result.reserve_ahead = n;
     } else {

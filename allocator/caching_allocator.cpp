@@ -127,6 +127,18 @@
 //   the weights evicted ahead of them; freed in the backward pass, the whole segment is idle again, and a prefetch
 //   of that size takes its chunk back when the policy reclaims it.
 //
+// Note [Home segments]
+//   A spare chunk that a prefetch once used is still mapped, with access, at its home VA (residency.cpp, Note
+//   [Chunks]): its staging address. With LAYERSWAP_SPLIT on, the engine takes those homes from an arena of the
+//   allocator's own (take_home_va), so that the owner table knows them, and a request that would make a segment of a
+//   spare's size, or split a spare (Note [Split spares]), gets a segment at the spare's home instead: no VA reserved,
+//   no mapping, no access granted, no driver call at all. Under LAYERSWAP_RESERVE=follow the room moves between the
+//   weights and the activations twice a step (residency.cpp, Note [Following reserve]); made at new VAs, those
+//   segments cost the program ~0.4 ms each in driver calls that wait behind the migration thread's remaps. A home
+//   segment is not swappable (its VA must stay the chunk's home) and is never a composite's donor. Destroyed (idle
+//   and fenced, as any reclaim: the stream is past its last launches), nothing is unmapped: the chunk is a spare
+//   again, mapped at its home, where the next prefetch of its size stages into it.
+//
 // Note [Reclaim by fit]
 //   A request that finds no room reclaims idle segments whose work the GPU has finished (fenced), one at a time, until
 //   the room covers it. Least recently freed first (LAYERSWAP_RECLAIM=oldest) destroys whatever is oldest: on the
@@ -229,6 +241,7 @@ struct segment {
   std::uint64_t free_epoch = 0;  // when it last became idle (Note [Unmap fences])
   region_id region = 0;         // its id in the region map (region_map.hpp), given when first published
   bool slab = false;
+  bool home = false;  // Note [Home segments]: its VA is its one part's home; destroyed, the chunk stays mapped there
 
   // large
   bool live = false;  // an allocation (or, split, any range) is live or waits for other streams
@@ -307,6 +320,7 @@ struct arena {
   std::vector<segment*> owner;                   // per granule
   std::map<std::size_t, std::size_t> free_runs;  // first granule -> granule count (slow path only)
   std::unique_ptr<published_arena> published;    // the owner table's image in the region map
+  bool homes = false;  // Note [Home segments]: the chunks' home VAs; its free runs are under impl::home_mutex
 };
 
 // A segment's VA range whose chunks went to a composite before the GPU was past its last launches (Note
@@ -375,6 +389,10 @@ struct caching_allocator::impl final : detail::page_source {
 
   mutable std::mutex mutex;
   std::vector<std::unique_ptr<arena>> arenas;
+  // Note [Home segments]: the arena the engine's chunks take their home VAs from (with LAYERSWAP_SPLIT), and the
+  // lock of its free runs (the engine takes a home without the mutex).
+  arena* home_arena = nullptr;
+  std::mutex home_mutex;
   std::vector<std::unique_ptr<stream_pool>> pools;
   stream_pool* last_pool = nullptr;
   std::unordered_set<segment*> segments;
@@ -405,6 +423,8 @@ struct caching_allocator::impl final : detail::page_source {
   [[nodiscard]] std::size_t idle_bytes() const override;
   void reclaim_idle(std::size_t n) override;
   void maintain() override;
+  device_ptr take_home_va(std::size_t bytes) override;
+  bool give_home_va(device_ptr va, std::size_t bytes) override;
   void start_engine_if_needed();
   // The mutex, for the program's allocate/deallocate: counts the calls that had to wait for it (the migration
   // thread holds it for its rounds) and how long.
@@ -486,7 +506,14 @@ struct caching_allocator::impl final : detail::page_source {
   }
   void destroy_segment_locked(segment* seg);
   device_ptr reserve_va_locked(std::size_t npages);
+  arena& add_arena_locked(std::size_t bytes);  // a new VA reservation, published for frees
+  // Note [Home segments]: a segment at a spare chunk's home VA, of `pool`, holding `chunk`; nullptr when the engine
+  // has no spare of `lo`..`hi` bytes with a home there.
+  segment* home_segment_locked(stream_pool* pool, std::size_t lo, std::size_t hi);
+  [[nodiscard]] bool homes_on() const noexcept { return home_arena != nullptr; }
   void release_va_locked(device_ptr va, std::size_t npages);
+  // The range joins a's free runs (the mutex held, or home_mutex for the arena of homes).
+  void free_run(arena& a, device_ptr va, std::size_t npages) const;
   void set_owner_locked(device_ptr va, std::size_t npages, segment* seg);
   void release_block_locked(segment* seg, std::uint32_t block);
   // Note [Split segments]
@@ -530,6 +557,11 @@ caching_allocator::impl::impl(driver& p, allocator_options o) : port(p), options
   st.granularity = gran;
   if (options.residency.enabled) {
     engine = std::make_unique<detail::residency_engine>(port, mutex, *this, options.residency);
+    if (options.split > 1) {  // Note [Home segments]
+      const std::lock_guard lock(mutex);
+      home_arena = &add_arena_locked(options.va_reserve);
+      home_arena->homes = true;
+    }
     start_engine_if_needed();
   }
 }
@@ -600,6 +632,7 @@ event_handle caching_allocator::impl::take_event_locked() {
 
 device_ptr caching_allocator::impl::reserve_va_locked(std::size_t npages) {
   for (auto& a : arenas) {
+    if (a->homes) continue;  // Note [Home segments]: the engine's
     for (auto it = a->free_runs.begin(); it != a->free_runs.end(); ++it) {
       if (it->second < npages) continue;
       const std::size_t first = it->first;
@@ -609,17 +642,24 @@ device_ptr caching_allocator::impl::reserve_va_locked(std::size_t npages) {
       return a->base + (first << gran_shift);
     }
   }
-  const std::size_t bytes = std::max(options.va_reserve, npages << gran_shift);
+  arena& added = add_arena_locked(std::max(options.va_reserve, npages << gran_shift));
+  auto first = added.free_runs.begin();  // the whole arena, one run
+  const std::size_t left = first->second - npages;
+  added.free_runs.erase(first);
+  if (left) added.free_runs.emplace(npages, left);
+  return added.base;
+}
+
+arena& caching_allocator::impl::add_arena_locked(std::size_t bytes) {
   auto a = std::make_unique<arena>();
   a->base = port.reserve(bytes, gran);
   a->bytes = bytes;
   a->owner.assign(bytes >> gran_shift, nullptr);
   a->published = std::make_unique<published_arena>(a->base, bytes, gran_shift);
-  const std::size_t total = bytes >> gran_shift;
-  if (total > npages) a->free_runs.emplace(npages, total - npages);
+  a->free_runs.emplace(0, bytes >> gran_shift);
   LAYERSWAP_LOG(info, "device %d: reserved a %s virtual address arena", st.device, format_bytes(bytes).c_str());
   arenas.push_back(std::move(a));
-  const arena& added = *arenas.back();
+  arena& added = *arenas.back();
   if (const std::size_t n = arenas_published.load(std::memory_order_relaxed); n < k_published_arenas) {
     arena_begin[n].store(added.base, std::memory_order_relaxed);
     arena_end[n].store(added.base + added.bytes, std::memory_order_relaxed);
@@ -627,30 +667,57 @@ device_ptr caching_allocator::impl::reserve_va_locked(std::size_t npages) {
   } else {
     arenas_overflow.store(true, std::memory_order_release);
   }
-  return added.base;
+  return added;
+}
+
+// Note [Home segments]: the engine's chunks take their home VAs here, first fit, without the allocator's mutex.
+device_ptr caching_allocator::impl::take_home_va(std::size_t bytes) {
+  if (!home_arena || bytes % gran != 0) return 0;
+  const std::size_t n = bytes >> gran_shift;
+  const std::lock_guard lock(home_mutex);
+  auto& runs = home_arena->free_runs;
+  for (auto it = runs.begin(); it != runs.end(); ++it) {
+    if (it->second < n) continue;
+    const std::size_t first = it->first, left = it->second - n;
+    runs.erase(it);
+    if (left) runs.emplace(first + n, left);
+    return home_arena->base + (first << gran_shift);
+  }
+  return 0;  // full: the engine reserves its own
+}
+
+bool caching_allocator::impl::give_home_va(device_ptr va, std::size_t bytes) {
+  if (!home_arena || va < home_arena->base || va - home_arena->base >= home_arena->bytes) return false;
+  const std::lock_guard lock(home_mutex);
+  free_run(*home_arena, va, bytes >> gran_shift);
+  return true;
 }
 
 void caching_allocator::impl::release_va_locked(device_ptr va, std::size_t npages) {
   for (auto& a : arenas) {
-    if (va < a->base || va - a->base >= a->bytes) continue;
-    std::size_t first = (va - a->base) >> gran_shift;
-    std::size_t count = npages;
-    auto next = a->free_runs.lower_bound(first);
-    if (next != a->free_runs.end() && next->first == first + count) {  // merge with the following run
-      count += next->second;
-      next = a->free_runs.erase(next);
-    }
-    if (next != a->free_runs.begin()) {  // merge with the preceding run
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == first) {
-        first = prev->first;
-        count += prev->second;
-        a->free_runs.erase(prev);
-      }
-    }
-    a->free_runs.emplace(first, count);
+    if (a->homes || va < a->base || va - a->base >= a->bytes) continue;
+    free_run(*a, va, npages);
     return;
   }
+}
+
+void caching_allocator::impl::free_run(arena& a, device_ptr va, std::size_t npages) const {
+  std::size_t first = (va - a.base) >> gran_shift;
+  std::size_t count = npages;
+  auto next = a.free_runs.lower_bound(first);
+  if (next != a.free_runs.end() && next->first == first + count) {  // merge with the following run
+    count += next->second;
+    next = a.free_runs.erase(next);
+  }
+  if (next != a.free_runs.begin()) {  // merge with the preceding run
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == first) {
+      first = prev->first;
+      count += prev->second;
+      a.free_runs.erase(prev);
+    }
+  }
+  a.free_runs.emplace(first, count);
 }
 
 void caching_allocator::impl::set_owner_locked(device_ptr va, std::size_t npages, segment* seg) {
@@ -871,7 +938,7 @@ detail::device_chunk caching_allocator::impl::gather_chunk_locked(std::size_t n,
 // Note [Composites]: an idle large segment of `pool` whose chunks a composite may take: device-backed and not
 // moving, or a composite itself (splittable_locked).
 bool caching_allocator::impl::donor_locked(const segment* seg, const stream_pool* pool) const noexcept {
-  return !seg->live && seg->pool == pool && splittable_locked(seg);
+  return !seg->live && !seg->home && seg->pool == pool && splittable_locked(seg);
 }
 
 // A new large segment of `n` granules on `pool` from the chunks of idle segments of the same pool, freed perhaps
@@ -1037,14 +1104,17 @@ void caching_allocator::impl::destroy_segment_locked(segment* seg) {
   if (!host_unmapped) {
     for (std::size_t i = 0; i < seg->pages.size(); ++i) port.unmap(seg->va + (i << gran_shift), gran);
   }
-  if (!seg->parts.empty()) {  // Note [Composites]: its chunks become spares, once no zombie maps them
+  if (seg->home) {  // Note [Home segments]: the chunk stays mapped at its home, a spare again
+    for (const auto& [bytes, chunk] : seg->parts) engine->give_chunk_locked(bytes, chunk);
+    seg->parts.clear();
+  } else if (!seg->parts.empty()) {  // Note [Composites]: its chunks become spares, once no zombie maps them
     reap_zombies_locked();
     unmap_parts_locked(seg->va, seg->parts);
     for (const auto& [bytes, chunk] : seg->parts) engine->give_chunk_locked(bytes, chunk);
     seg->parts.clear();
   }
   set_owner_locked(seg->va, seg->npages(), nullptr);
-  release_va_locked(seg->va, seg->npages());
+  if (!seg->home) release_va_locked(seg->va, seg->npages());
   idle_pages.insert(idle_pages.end(), seg->pages.begin(), seg->pages.end());
   count(seg->slab, &pool_stats::segments, -1);
   if (seg->slab) {  // its pages return to the pool, which counts as large
@@ -1091,7 +1161,8 @@ bool caching_allocator::impl::reclaim_one_locked(std::size_t want) {
   if (reclaim_fenced_locked(want)) return true;
   segment* seg = idle.head;
   LAYERSWAP_LOG(debug, "device %d: reclaiming an idle %s %s waits for the GPU", st.device,
-                format_bytes(seg->bytes).c_str(), seg->slab ? "slab" : seg->parts.empty() ? "segment" : "composite");
+                format_bytes(seg->bytes).c_str(),
+                seg->slab ? "slab" : seg->home ? "home segment" : seg->parts.empty() ? "segment" : "composite");
   fence_locked(seg);
   destroy_segment_locked(seg);
   ++st.num_reclaims;
@@ -1150,9 +1221,13 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
   const std::size_t last = std::min(pool->free_by_pages.size(), npages + npages / 8 + 1);
   for (std::size_t n = npages; n < last && !seg; ++n) seg = pool->free_by_pages[n].head;
   if (!seg && log_enabled(log_level::debug) && !room_for_new_locked(npages)) log_cache_miss_locked(pool, bytes);
+  const std::size_t window = (npages + npages / 8) << gran_shift;  // the most a request takes whole
   if (!seg && options.split > 1 && engine && !room_for_new_locked(npages)) {  // Note [Split segments]
     if (void* p = allocate_split_locked(bytes, npages, pool)) return p;
-    if (void* p = allocate_spare_split_locked(bytes, npages, pool)) return p;  // Note [Split spares]
+    seg = home_segment_locked(pool, npages << gran_shift, window);  // Note [Home segments]
+    if (!seg) {
+      if (void* p = allocate_spare_split_locked(bytes, npages, pool)) return p;  // Note [Split spares]
+    }
   }
   if (!seg && options.oversize > 1.0 && !room_for_new_locked(npages)) {  // Note [Oversize reuse]
     const auto most = static_cast<std::size_t>(static_cast<double>(npages) * options.oversize);
@@ -1164,12 +1239,15 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
     pool->free_by_pages[seg->npages()].erase(seg);
     idle.erase(seg);
   } else {
-    if (engine) {
-      seg = new_chunk_segment_locked(pool, npages << gran_shift, bytes);  // the engine knows it (add_locked)
-    } else {
-      seg = new_segment_locked(pool, npages << gran_shift, bytes);
+    seg = engine ? home_segment_locked(pool, npages << gran_shift, window) : nullptr;  // Note [Home segments]
+    if (!seg) {
+      if (engine) {
+        seg = new_chunk_segment_locked(pool, npages << gran_shift, bytes);  // the engine knows it (add_locked)
+      } else {
+        seg = new_segment_locked(pool, npages << gran_shift, bytes);
+      }
+      note_new_large_locked(seg);
     }
-    note_new_large_locked(seg);
   }
   seg->live = true;
   if (seg->swap) engine->set_live_locked(seg->swap, true);
@@ -1327,13 +1405,30 @@ void* caching_allocator::impl::take_range_locked(segment* best, std::size_t inde
 // splits. nullptr: no such spare.
 void* caching_allocator::impl::allocate_spare_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool) {
   const std::size_t lo = (npages + npages / 8 + 1) << gran_shift;
-  const std::size_t spare = engine->spare_within_locked(lo, (npages * options.split) << gran_shift);
-  if (spare == 0) return nullptr;
-  segment* seg = new_chunk_segment_locked(pool, spare, bytes);  // takes that spare: nothing else is smaller
-  note_new_large_locked(seg);
+  const std::size_t hi = (npages * options.split) << gran_shift;
+  segment* seg = home_segment_locked(pool, lo, hi);  // Note [Home segments]: no driver call
+  if (!seg) {
+    const std::size_t spare = engine->spare_within_locked(lo, hi);
+    if (spare == 0) return nullptr;
+    seg = new_chunk_segment_locked(pool, spare, bytes);  // takes that spare: nothing else is smaller
+    note_new_large_locked(seg);
+  }
   cache_large_locked(seg);
   ++st.num_spare_splits;
   return take_range_locked(seg, 0, true, bytes, npages);
+}
+
+// Note [Home segments]
+segment* caching_allocator::impl::home_segment_locked(stream_pool* pool, std::size_t lo, std::size_t hi) {
+  if (!homes_on()) return nullptr;
+  const auto [bytes, chunk] = engine->take_homed_spare_locked(lo, hi, home_arena->base, home_arena->bytes);
+  if (!chunk) return nullptr;
+  segment* seg = add_segment_locked(pool, chunk.home, bytes, {});  // mapped there, access granted, for good
+  seg->parts.emplace_back(bytes, chunk);
+  seg->home = true;
+  note_new_large_locked(seg);
+  ++st.num_home_segments;
+  return seg;
 }
 
 // The range at granule `first` of a split segment is free for reuse on its pool's stream (its allocation was already
@@ -1735,7 +1830,7 @@ void caching_allocator::reset_accumulated_stats() {
   impl_->call_ticks = 0;
   impl_->st.num_reclaims = impl_->st.num_engine_reclaims = impl_->st.num_oversize_reuses = 0;
   impl_->st.num_composites = impl_->st.composite_donors = impl_->st.num_zombies_reaped = 0;
-  impl_->st.num_splits = impl_->st.num_spare_splits = 0;
+  impl_->st.num_splits = impl_->st.num_spare_splits = impl_->st.num_home_segments = 0;
   impl_->st.segment_new_ns = impl_->st.segment_destroy_ns = 0;
 }
 
@@ -1873,6 +1968,9 @@ void caching_allocator::verify() const {
       std::size_t sum = 0;
       for (const auto& part : s->parts) sum += part.first;
       if (s->swap || !s->pages.empty() || s->slab || sum != s->bytes) fail("a composite's chunks do not make it");
+    }
+    if (s->home && (s->parts.size() != 1 || s->parts.front().second.home != s->va)) {  // Note [Home segments]
+      fail("a home segment is not its chunk's home");
     }
     if (s->swap && !s->pages.empty() && s->pages.size() != s->npages()) fail("a swappable segment is partly backed");
     if (s->swap && m.engine->host_backed_locked(s->swap) && s->pool_hook.linked) {

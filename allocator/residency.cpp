@@ -541,20 +541,24 @@ struct residency_engine::impl {
     return c;
   }
   void add_home(device_chunk& c, std::size_t bytes) {
-    const device_ptr va = port.reserve(bytes, gran);
+    device_ptr va = source.take_home_va(bytes);  // caching_allocator.cpp, Note [Home segments]
+    if (!va) va = port.reserve(bytes, gran);
     try {
       map_whole(va, bytes, c.handle, 0);
     } catch (...) {
-      port.unreserve(va, bytes);
+      unreserve_home(va, bytes);
       throw;
     }
     c.home = va;
+  }
+  void unreserve_home(device_ptr va, std::size_t bytes) {
+    if (!source.give_home_va(va, bytes)) port.unreserve(va, bytes);
   }
   // The chunk's device memory, gone (mutex held: the budget's books).
   void release_chunk(std::size_t bytes, const device_chunk& c) {
     if (c.home) {
       port.unmap(c.home, bytes);
-      port.unreserve(c.home, bytes);
+      unreserve_home(c.home, bytes);
     }
     port.release(c.handle);
     source.give_room(bytes / gran);
@@ -1544,7 +1548,7 @@ residency_engine::~residency_engine() {
     for (auto& [bytes, c] : m.spare_chunks) {  // every region is gone: its chunk is spare
       if (c.home) {
         m.port.unmap(c.home, bytes);
-        m.port.unreserve(c.home, bytes);
+        m.unreserve_home(c.home, bytes);
       }
       m.port.release(c.handle);
     }
@@ -1907,6 +1911,20 @@ device_chunk residency_engine::take_chunk_locked(std::size_t bytes) {
 }
 
 void residency_engine::give_chunk_locked(std::size_t bytes, const device_chunk& chunk) { impl_->add_spare(bytes, chunk); }
+
+std::pair<std::size_t, device_chunk> residency_engine::take_homed_spare_locked(std::size_t lo, std::size_t hi,
+                                                                              device_ptr base, std::size_t span) {
+  impl& m = *impl_;
+  for (auto it = m.spare_chunks.lower_bound(lo); it != m.spare_chunks.end() && it->first <= hi; ++it) {
+    const device_ptr home = it->second.home;
+    if (home < base || home - base >= span) continue;
+    const auto taken = *it;
+    m.spare_chunks.erase(it);
+    m.spare_bytes -= taken.first;
+    return taken;
+  }
+  return {};
+}
 
 std::size_t residency_engine::spare_pages_locked() const noexcept { return impl_->spare_bytes / impl_->gran; }
 

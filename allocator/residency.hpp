@@ -163,6 +163,11 @@ class page_source {
   virtual void reclaim_idle(std::size_t n) = 0;
   // Housekeeping the allocator does from the migration thread (retiring freed host-backed segments).
   virtual void maintain() = 0;
+  // A VA range of `bytes` for a chunk's home (caching_allocator.cpp, Note [Home segments]), from the allocator's
+  // arena of homes; 0 when it has none (the engine reserves one itself). Called with or without the mutex.
+  virtual device_ptr take_home_va(std::size_t bytes) { (void)bytes; return 0; }
+  // Gives back a range take_home_va() gave (unmapped); false when `va` is not from there.
+  virtual bool give_home_va(device_ptr va, std::size_t bytes) { (void)va; (void)bytes; return false; }
 };
 
 struct swap_region;
@@ -195,8 +200,13 @@ class residency_engine {
   // budget (page_source::take_room; spare chunks of other sizes are released to make room). Empty when there is no
   // room now (the caller reclaims or evicts, then asks again) or the device is full.
   device_chunk take_chunk_locked(std::size_t bytes);
-  // A chunk from take_chunk_locked() that no segment took (mapping it failed): back to the spares.
+  // A chunk from take_chunk_locked() that no segment took (mapping it failed), or from take_homed_spare_locked()
+  // whose segment is gone: back to the spares.
   void give_chunk_locked(std::size_t bytes, const device_chunk& chunk);
+  // The smallest spare chunk of `lo` to `hi` bytes whose home VA lies in [base, base + span), with its bytes; the
+  // allocator makes it a segment at that home (caching_allocator.cpp, Note [Home segments]). Empty: none.
+  std::pair<std::size_t, device_chunk> take_homed_spare_locked(std::size_t lo, std::size_t hi, device_ptr base,
+                                                               std::size_t span);
   void set_live_locked(swap_region* r, bool live);
   // Whether the region is backed by host pages now (on host, or moving in).
   [[nodiscard]] bool host_backed_locked(const swap_region* r) const noexcept;

@@ -1283,7 +1283,8 @@ enum class forecast_mode { right, wrong, absent };
 // `holding`: launches are held on the GPU for prefetches in flight (Note [Holding a launch on the GPU]), on an
 // eager device without the migration thread, so that the test's ticks finish the prefetches they wait for.
 void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats& out, std::int64_t& reuses,
-            std::int64_t& composites, std::int64_t& splits, bool holding = false, bool one_stream = false) {
+            std::int64_t& composites, std::int64_t& splits, std::int64_t& homes, bool holding = false,
+            bool one_stream = false) {
   std::mt19937 rng(seed);
   auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
   const std::size_t budget = (6 + pick(14)) * 2 * MiB;
@@ -1421,6 +1422,7 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   reuses = h.alloc.stats().num_oversize_reuses;
   composites = h.alloc.stats().num_composites;
   splits = h.alloc.stats().num_splits;
+  homes = h.alloc.stats().num_home_segments;
 }
 
 // Runs seeds [first, last] and checks that they swapped at all (a stress test that moves nothing proves nothing).
@@ -1428,13 +1430,14 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
 void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, bool thread, bool holding = false,
                   bool one_stream = false) {
   residency_stats sum;
-  std::int64_t reuses = 0, composites = 0, splits = 0;
+  std::int64_t reuses = 0, composites = 0, splits = 0, homes = 0;
   const std::uint64_t holds_before = residency_gate::waits().holds;
   for (std::uint32_t seed = first; seed <= last; ++seed) {
     residency_stats st;
-    std::int64_t seed_reuses = 0, seed_composites = 0, seed_splits = 0;
-    stress(seed, mode, thread, st, seed_reuses, seed_composites, seed_splits, holding, one_stream);
+    std::int64_t seed_reuses = 0, seed_composites = 0, seed_splits = 0, seed_homes = 0;
+    stress(seed, mode, thread, st, seed_reuses, seed_composites, seed_splits, seed_homes, holding, one_stream);
     reuses += seed_reuses;
+    homes += seed_homes;
     composites += seed_composites;
     splits += seed_splits;
     if (::testing::Test::HasFatalFailure()) return;
@@ -1454,11 +1457,11 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
               static_cast<long long>(sum.prefetches), static_cast<long long>(sum.abandoned),
               static_cast<long long>(sum.cancelled));
   std::printf("  write-backs: %lld checked, %lld skipped (clean); oversize reuses: %lld; composites: %lld; splits: "
-              "%lld; cache misses %lld, largest cache reserve at a seed's end %lld bytes; rounds with a following "
+              "%lld (home segments %lld); cache misses %lld, largest cache reserve at a seed's end %lld bytes; rounds with a following "
               "reserve %lld\n",
               static_cast<long long>(sum.writeback_checked), static_cast<long long>(sum.writeback_skipped),
               static_cast<long long>(reuses), static_cast<long long>(composites), static_cast<long long>(splits),
-              static_cast<long long>(sum.cache_misses),
+              static_cast<long long>(homes), static_cast<long long>(sum.cache_misses),
               static_cast<long long>(sum.cache_reserve_bytes), static_cast<long long>(sum.reserve_followed));
   EXPECT_GT(sum.evictions, 0);
   EXPECT_GT(sum.prefetches, 0);
@@ -1942,6 +1945,45 @@ TEST(Residency, SplitSparesServeRequestsFromAnEvictedRegionsChunk) {
   h.alloc.deallocate(a);
   h.alloc.deallocate(b);
   h.alloc.set_forecast_source(&f);  // w comes up next: the policy reclaims the idle segment for its prefetch
+  f.set({harness::id_of(w)});
+  for (int i = 0; i < 4; ++i) h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(w), region_residency::device);
+  EXPECT_EQ(h.sim.num_creates(), creates) << "the prefetch made a chunk";
+  EXPECT_TRUE(h.holds(w, 8 * MiB, 0x31));
+  EXPECT_TRUE(h.holds(fill, 8 * MiB, 0x32));
+  EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
+  h.expect_clean();
+  for (void* p : {w, fill}) h.alloc.deallocate(p);
+}
+
+// Note [Home segments]: with LAYERSWAP_SPLIT on, a request of a spare chunk's size gets a segment at the chunk's home
+// VA, where the chunk is mapped since its first prefetch: no chunk made, no mapping; freed and reclaimed for the
+// evicted region's prefetch, the chunk is a spare again and the prefetch stages into it there.
+TEST(Residency, HomeSegmentsServeRequestsAtASparesHomeWithNoDriverCall) {
+  split_on on;
+  fixed_forecast f;  // outlives the allocator; set once w's prefetch is due
+  harness h(16 * MiB);
+  void* w = h.written(8 * MiB, 0x31);
+  void* fill = h.written(8 * MiB, 0x32);  // the budget is full
+  h.go_out(w);
+  h.come_back(w);  // its chunk gets a home VA at this prefetch
+  h.go_out(w);
+  ASSERT_EQ(h.alloc.residency().spare_bytes, static_cast<std::int64_t>(8 * MiB)) << "its chunk is a spare";
+  const std::size_t creates = h.sim.num_creates(), maps = h.sim.num_maps();
+  auto* a = static_cast<char*>(h.alloc.allocate(8 * MiB, h.s1));
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(h.alloc.stats().num_home_segments, 1);
+  EXPECT_EQ(h.alloc.stats().num_spare_splits, 0) << "a spare of the request's size is taken whole";
+  EXPECT_EQ(h.sim.num_maps(), maps) << "the segment was mapped";
+  EXPECT_EQ(h.sim.num_creates(), creates) << "a chunk was made";
+  EXPECT_EQ(h.alloc.residency().spare_bytes, 0);
+  EXPECT_EQ(h.alloc.block_of(a + 4096).first, a);
+  h.write(h.s1, a, 8 * MiB, 0x41);
+  EXPECT_TRUE(h.holds(a, 8 * MiB, 0x41));
+  EXPECT_TRUE(h.holds(w, 8 * MiB, 0x31)) << "the evicted region reads its host copy";
+  h.expect_clean();
+  h.alloc.deallocate(a);
+  h.alloc.set_forecast_source(&f);  // w comes up next: the policy reclaims the idle home segment for its prefetch
   f.set({harness::id_of(w)});
   for (int i = 0; i < 4; ++i) h.alloc.residency_tick();
   EXPECT_EQ(h.alloc.residency_of(w), region_residency::device);

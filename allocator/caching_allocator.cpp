@@ -422,6 +422,7 @@ struct caching_allocator::impl final : detail::page_source {
   [[nodiscard]] std::size_t pooled_bytes() const override { return idle_pages.size() * gran; }
   [[nodiscard]] std::size_t idle_bytes() const override;
   void reclaim_idle(std::size_t n) override;
+  bool reclaim_idle_sized(std::size_t bytes) override;
   void maintain() override;
   device_ptr take_home_va(std::size_t bytes) override;
   bool give_home_va(device_ptr va, std::size_t bytes) override;
@@ -1240,6 +1241,14 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
     idle.erase(seg);
   } else {
     seg = engine ? home_segment_locked(pool, npages << gran_shift, window) : nullptr;  // Note [Home segments]
+    if (!seg && engine && options.split > 1) {  // ... or a larger one split, rather than a chunk made and mapped
+      const std::size_t most = (npages * options.split) << gran_shift;
+      if (segment* home = home_segment_locked(pool, window + gran, most)) {
+        cache_large_locked(home);
+        ++st.num_spare_splits;
+        return take_range_locked(home, 0, true, bytes, npages);
+      }
+    }
     if (!seg) {
       if (engine) {
         seg = new_chunk_segment_locked(pool, npages << gran_shift, bytes);  // the engine knows it (add_locked)
@@ -1653,6 +1662,26 @@ void caching_allocator::impl::reclaim_idle(std::size_t n) {
   start_fences_locked();
 }
 
+// For a prefetch of `bytes` (residency.cpp, Note [Following reserve]): an idle chunk-backed segment of that size,
+// fenced, destroyed: its chunk is the spare the prefetch then takes, with no chunk released or made.
+bool caching_allocator::impl::reclaim_idle_sized(std::size_t bytes) {
+  const std::size_t n = bytes >> gran_shift;
+  poll_fences_locked();
+  for (auto& pool : pools) {
+    if (pool->free_by_pages.size() <= n) continue;
+    for (segment* seg = pool->free_by_pages[n].head; seg; seg = seg->pool_hook.next) {
+      // A chunk of that size: a region's own, device-backed, or a home segment's (Note [Home segments]).
+      const bool chunk = seg->home || (seg->swap && seg->parts.empty() && !engine->host_backed_locked(seg->swap));
+      if (!chunk) continue;
+      if (!reclaimable_now_locked(seg)) continue;
+      destroy_segment_locked(seg);
+      ++st.num_engine_reclaims;
+      return true;
+    }
+  }
+  return false;
+}
+
 // An asynchronous fence on each pool that has idle segments not yet fenced (Note [Unmap fences]), so that
 // reclaim_one_locked() and reclaim_idle() find them reclaimable without a host wait.
 // A pool whose newest idle segment is not fenced gets a fence: one pass over the pools, not over the idle list
@@ -1726,6 +1755,9 @@ bool caching_allocator::deallocate(void* ptr) noexcept {
       requested = std::exchange(it->requested, 0);
       b = first;
       blk = std::size_t{it->n} << m.gran_shift;
+      // No longer persistent (residency_gate.hpp): the learner keys the step on persistent regions, and a split
+      // segment's ranges hold activations that change places from step to step.
+      residency_gate::note_freed(seg->region);
       residency_gate::nudge();
     }
   } else if (seg) {

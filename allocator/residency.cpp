@@ -130,7 +130,8 @@
 //   the step length changes (relearned: the peaks start again), the reserve is the step's peak. Experimental: the
 //   room it gives the weights was the activations' segments, and the allocator cannot reuse a weight's chunk for
 //   an activation of another size without releasing it and making another (Note [Split spares] in
-//   caching_allocator.cpp does for some). On the H200 (1.1B LoRA at 25%, docs/swapping.md, session 26) it cut the
+//   caching_allocator.cpp does for some). A prefetch that finds no spare of its size and no room in the budget
+//   first reclaims an idle segment of exactly its size, if the cache has one (page_source::reclaim_idle_sized). On the H200 (1.1B LoRA at 25%, docs/swapping.md, session 26) it cut the
 //   bytes moved per step from 3.73 to 2.07 GB, but the program remade ~300 segments a step: 2.04x the resident
 //   step against 1.19x.
 //
@@ -497,6 +498,12 @@ struct residency_engine::impl {
   // a host wait). False when there is none now.
   bool take_chunk(swap_region& r, move& m) {
     const auto start = std::chrono::steady_clock::now();
+    // Note [Following reserve]: the room of a following reserve is the activations' segments; one of this size
+    // gives its chunk as it is, where the budget has no room for a new one.
+    if (options.reserve_follow && !spare_chunks.contains(r.bytes)) {
+      const std::size_t budget = source.budget(), held = source.held_bytes();
+      if (source.pooled_bytes() + (budget > held ? budget - held : 0) < r.bytes) source.reclaim_idle_sized(r.bytes);
+    }
     bool ok = claim_chunk(r.bytes, m.chunk);
     if (!ok) {
       source.reclaim_idle(r.npages);  // a chunk-backed idle segment leaves a spare chunk of its own size

@@ -1066,6 +1066,42 @@ TEST(Residency, FollowingReserveGivesTheWeightsTheRoomActivationsLeave) {
   }
 }
 
+// Note [Following reserve]: with a following reserve, a prefetch that finds no spare of its size and no room takes
+// the chunk of an idle segment of exactly its size, leaving the cached segments of other sizes (the next requests'
+// cache hits); with the step's peak it reclaims least recently freed first, as before.
+TEST(Residency, FollowingReservePrefetchReclaimsAnIdleSegmentOfItsSize) {
+  for (const bool follow : {false, true}) {
+    SCOPED_TRACE(follow ? "follow" : "peak");
+    follow_on mode(follow);
+    fixed_forecast f;
+    harness h(16 * MiB);
+    void* a = h.written(4 * MiB, 0x01);  // live all along
+    void* w = h.written(8 * MiB, 0x71);
+    h.go_out(w);
+    void* b = h.written(8 * MiB, 0x02);  // w's chunk
+    void* c = h.written(4 * MiB, 0x03);  // the budget is full
+    h.alloc.deallocate(c);               // least recently freed
+    h.alloc.deallocate(b);
+    h.alloc.set_forecast_source(&f);
+    f.set({harness::id_of(w)});
+    for (int i = 0; i < 4; ++i) h.alloc.residency_tick();
+    ASSERT_EQ(h.alloc.residency_of(w), region_residency::device);
+    EXPECT_TRUE(h.holds(w, 8 * MiB, 0x71));
+    const std::int64_t reclaims = h.alloc.stats().num_engine_reclaims;
+    void* again = h.alloc.allocate(4 * MiB, h.s1);
+    if (follow) {
+      EXPECT_EQ(reclaims, 1) << "only the segment of the prefetch's size";
+      EXPECT_EQ(again, c) << "the cached 4 MiB segment was kept for the next request of its size";
+    } else {
+      EXPECT_EQ(reclaims, 2) << "least recently freed first";
+    }
+    h.alloc.deallocate(again);
+    EXPECT_TRUE(h.holds(a, 4 * MiB, 0x01));
+    h.expect_clean();
+    for (void* p : {a, w}) h.alloc.deallocate(p);
+  }
+}
+
 // Note [Cache reserve]: an allocation that finds no cached segment of its size and destroys another's grows the
 // automatic cache reserve, and the policy then keeps that much of its room free for the cache (evicting a forecast
 // region to make it). Without the reserve the forecast regions keep the room.
@@ -1942,7 +1978,10 @@ TEST(Residency, SplitSparesServeRequestsFromAnEvictedRegionsChunk) {
   EXPECT_TRUE(h.holds(a, 4 * MiB, 0x41));
   EXPECT_TRUE(h.holds(b, 4 * MiB, 0x42));
   EXPECT_TRUE(h.holds(w, 8 * MiB, 0x31)) << "the evicted region reads its host copy";
+  EXPECT_TRUE(gate::persistent(harness::id_of(b))) << "a new large segment is persistent until a free";
   h.alloc.deallocate(a);
+  EXPECT_FALSE(gate::persistent(harness::id_of(b)))
+      << "a split segment whose range was freed keys the learner's step (residency_gate.hpp)";
   h.alloc.deallocate(b);
   h.alloc.set_forecast_source(&f);  // w comes up next: the policy reclaims the idle segment for its prefetch
   f.set({harness::id_of(w)});

@@ -106,7 +106,9 @@
 //   times its size (4 with LAYERSWAP_SPLIT=1). Same stream, so no fence and no driver call: the reuse PyTorch makes
 //   (Note [Stream-ordered reuse]).
 //   The segment keeps its ranges in offset order, covering it; a freed range joins its free neighbours, and when the
-//   last one is freed the segment is idle again, whole. Only device-backed segments that are not moving are split,
+//   last one is freed the segment is idle again, whole. A freed range ends its segment's persistence
+//   (residency_gate.hpp): the learner keys the step on persistent regions, and ranges hold activations that change
+//   places from step to step (with it kept, a run with LAYERSWAP_SPLIT=8 learned no step at all). Only device-backed segments that are not moving are split,
 //   and a split segment stays live (memory that cannot move, for the policy) until its last range is freed; the
 //   engine may still evict it whole under pressure, and a host-backed one hands out no ranges. The bound keeps a small
 //   request from pinning a much larger segment: the free ranges of a live segment are room nobody else can use.
@@ -130,14 +132,20 @@
 // Note [Home segments]
 //   A spare chunk that a prefetch once used is still mapped, with access, at its home VA (residency.cpp, Note
 //   [Chunks]): its staging address. With LAYERSWAP_SPLIT on, the engine takes those homes from an arena of the
-//   allocator's own (take_home_va), so that the owner table knows them, and a request that would make a segment of a
-//   spare's size, or split a spare (Note [Split spares]), gets a segment at the spare's home instead: no VA reserved,
-//   no mapping, no access granted, no driver call at all. Under LAYERSWAP_RESERVE=follow the room moves between the
-//   weights and the activations twice a step (residency.cpp, Note [Following reserve]); made at new VAs, those
-//   segments cost the program ~0.4 ms each in driver calls that wait behind the migration thread's remaps. A home
-//   segment is not swappable (its VA must stay the chunk's home) and is never a composite's donor. Destroyed (idle
-//   and fenced, as any reclaim: the stream is past its last launches), nothing is unmapped: the chunk is a spare
-//   again, mapped at its home, where the next prefetch of its size stages into it.
+//   allocator's own (take_home_va), so that the owner table knows them. A request that would make a segment then
+//   gets one at a spare's home instead: a spare of its size (within the reuse window) whole, else a larger one
+//   (up to LAYERSWAP_SPLIT times its size) split, as Note [Split spares] does, whether or not the budget has room
+//   for a new chunk. No VA is reserved, nothing is mapped, no access granted: no driver call. Under
+//   LAYERSWAP_RESERVE=follow the room moves between the weights and the activations twice a step (residency.cpp,
+//   Note [Following reserve]); made at new VAs, those segments cost the program ~0.3 ms each in driver calls that
+//   wait behind the migration thread's remaps. A home segment is not swappable (its VA must stay the chunk's
+//   home) and is never a composite's donor. Destroyed (idle and fenced, as any reclaim: its stream is past its
+//   last launches), nothing is unmapped: the chunk is a spare again, mapped at its home, where the next prefetch
+//   of its size stages into it. Experimental, with LAYERSWAP_SPLIT. On the H200 (1.1B LoRA at 25%,
+//   docs/swapping.md, session 27) follow with split 8 made ~100 home segments a step, but the program still
+//   made ~145 segments: the activations outgrow the spares the evictions ahead have freed, and at the step's
+//   start the prefetches take back 1.5-2 GB of idle activation segments of other sizes (1.3-1.4x the resident
+//   step against 1.1x by default).
 //
 // Note [Reclaim by fit]
 //   A request that finds no room reclaims idle segments whose work the GPU has finished (fenced), one at a time, until

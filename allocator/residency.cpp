@@ -128,12 +128,13 @@
 //   N after it (default 4): the policy evicts ahead of the activations' growth (the Belady victims of Note
 //   [Policy], the regions just used) and prefetches into what they leave as they are freed. Until then, and when
 //   the step length changes (relearned: the peaks start again), the reserve is the step's peak. Experimental: the
-//   room it gives the weights was the activations' segments, and the allocator cannot reuse a weight's chunk for
-//   an activation of another size without releasing it and making another (Note [Split spares] in
-//   caching_allocator.cpp does for some). A prefetch that finds no spare of its size and no room in the budget
-//   first reclaims an idle segment of exactly its size, if the cache has one (page_source::reclaim_idle_sized). On the H200 (1.1B LoRA at 25%, docs/swapping.md, session 26) it cut the
-//   bytes moved per step from 3.73 to 2.07 GB, but the program remade ~300 segments a step: 2.04x the resident
-//   step against 1.19x.
+//   room it gives the weights was the activations' segments. A prefetch that finds no spare of its size and no
+//   room in the budget first reclaims an idle segment whose chunk is exactly its size (page_source::
+//   reclaim_idle_sized: a region's own chunk or a home segment's), which passes to it as it is; with
+//   LAYERSWAP_SPLIT the allocator places activations in the weights' spare chunks where it can (Notes [Split
+//   spares] and [Home segments] in caching_allocator.cpp). On the H200 (1.1B LoRA at 25%, docs/swapping.md,
+//   sessions 26 and 27) it cut the bytes moved per step from 3.73 to 2.1-2.5 GB, but the program still made
+//   ~145 segments a step (~300 without home segments): 1.3-1.4x the resident step against 1.1x.
 //
 // Note [Digest carried over]
 //   A prefetch digests what it brought in (Note [Write-back]) so that the next eviction can tell a clean region.

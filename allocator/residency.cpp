@@ -87,21 +87,21 @@
 //   so a digest that never ran reads as dirty, never as clean. Where the port cannot digest, every eviction copies.
 //
 // Note [Policy]
-//   With a learned forecast: regions get a rank (their index in the forecast; absent = no forecast). The wanted
-//   set is the forecast from the front, whole groups at a time, while its bytes fit in budget - reserve and at
-//   most LAYERSWAP_PREFETCH regions (auto: no count limit). The reserve is the largest "transient" usage seen:
-//   device bytes held that no move can free (live activations, partly used slabs, live regions absent from the
-//   forecast), that is held less pooled pages, less the allocator's idle cache, less forecast regions' pages; an
-//   allocation that had to evict synchronously raises it to what that moment needed. Forecast regions on the
-//   device or coming in may hold at most capacity = budget - reserve: when the wanted regions on the host do not
-//   fit beside them, the resident, unpinned, unwanted forecast regions with the farthest next use are evicted
-//   (Belady; ties by least recent use), as many as that takes, at once: an eviction waits for the launches
-//   already enqueued (its fences), so it has to start long before its pages are needed. Wanted regions on the
-//   host are then prefetched in forecast order within the capacity, as pages allow: free pages (pooled, budget
-//   headroom), else the allocator's idle cache, reclaimed without a host wait (page_source::reclaim_idle). Regions absent from the forecast are never the policy's victims (DESIGN.md invariant 6: memory
-//   that cannot move comes first); only an allocation under pressure evicts them, and only when no forecast region
-//   is left. Without a forecast (none, or not learned): a region on host that a launch touched since its
-//   eviction is brought back, evicting the least recently used resident region if needed. Pinned regions
+//   With a learned forecast: regions get a rank (their index in the forecast; absent = no forecast). The wanted set is
+//   the forecast from the front, whole groups at a time, while its bytes fit in budget - reserve and at most
+//   LAYERSWAP_PREFETCH regions (auto: no count limit). The reserve is the largest "transient" usage seen: device bytes
+//   held that no move can free (live activations, partly used slabs, live regions absent from the forecast), that is
+//   held less pooled pages, less the allocator's idle cache, less forecast regions' pages; an allocation that had to
+//   evict synchronously raises it to what that moment needed. Forecast regions on the device or coming in may hold at
+//   most capacity = budget - reserve: when the wanted regions on the host do not fit beside them, the resident,
+//   unpinned, unwanted forecast regions with the farthest next use are evicted (Belady; ties by least recent use), as
+//   many as that takes, at once: an eviction waits for the launches already enqueued (its fences), so it has to start
+//   long before its pages are needed. Wanted regions on the host are then prefetched in forecast order within the
+//   capacity, as pages allow: free pages (pooled, budget headroom), else the allocator's idle cache, reclaimed without
+//   a host wait (page_source::reclaim_idle). Regions absent from the forecast are never the policy's victims (DESIGN.md
+//   invariant 6: memory that cannot move comes first); only an allocation under pressure evicts them, and only when no
+//   forecast region is left. Without a forecast (none, or not learned): a region on host that a launch touched since
+//   its eviction is brought back, evicting the least recently used resident region if needed. Pinned regions
 //   (LAYERSWAP_PIN, from the forecast's step order) are never evicted.
 //   Launches that reach a region whose prefetch is still in flight wait for it in the gate (residency_gate.hpp,
 //   Note [Waiting for a prefetch]); the migration thread polls every 20 µs while any does.

@@ -2034,6 +2034,41 @@ TEST(Residency, HomeSegmentsServeRequestsAtASparesHomeWithNoDriverCall) {
   for (void* p : {w, fill}) h.alloc.deallocate(p);
 }
 
+// Note [Home segments]: a home segment's chunk becomes a spare again only once its stream is past the segment's last
+// launches (a fenced reclaim), so a prefetch never stages into it under an activation's queued work.
+TEST(Residency, HomeSegmentsChunkTakesAPrefetchOnlyAfterItsQueuedWork) {
+  split_on on;
+  fixed_forecast f;  // outlives the allocator
+  harness h(16 * MiB, /*eager=*/false);
+  void* w = h.written(8 * MiB, 0x31);
+  void* fill = h.written(8 * MiB, 0x32);  // the budget is full
+  h.sim.run_all();
+  for (const bool out : {true, false, true}) {  // out, back (its chunk gets a home VA), out again
+    ASSERT_TRUE(out ? h.alloc.request_evict(w) : h.alloc.request_prefetch(w));
+    h.sim.run_all();
+    h.alloc.residency_tick();
+    ASSERT_EQ(h.alloc.residency_of(w), out ? region_residency::host : region_residency::device);
+  }
+  void* a = h.alloc.allocate(8 * MiB, h.s1);
+  ASSERT_EQ(h.alloc.stats().num_home_segments, 1);
+  h.write(h.s1, a, 8 * MiB, 0x41);  // queued: the GPU has not run it
+  h.alloc.deallocate(a);
+  h.alloc.set_forecast_source(&f);
+  f.set({harness::id_of(w)});
+  for (int i = 0; i < 4; ++i) h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(w), region_residency::host) << "the prefetch took the chunk under queued work";
+  for (int i = 0; i < 6 && h.alloc.residency_of(w) != region_residency::device; ++i) {
+    h.sim.run_all();
+    h.alloc.residency_tick();
+  }
+  EXPECT_EQ(h.alloc.residency_of(w), region_residency::device);
+  EXPECT_TRUE(h.holds(w, 8 * MiB, 0x31));
+  EXPECT_TRUE(h.holds(fill, 8 * MiB, 0x32));
+  h.expect_clean();
+  for (void* p : {w, fill}) h.alloc.deallocate(p);
+  h.sim.run_all();
+}
+
 // Note [Split segments]: under a full budget a large request takes a range of a larger segment its stream freed, at
 // once (its queued work still to run), with no driver call; a range freed while another stream reads it stays taken
 // until that stream is past it; the last range freed makes the segment whole again, cached for its size.

@@ -108,10 +108,11 @@
 //   The segment keeps its ranges in offset order, covering it; a freed range joins its free neighbours, and when the
 //   last one is freed the segment is idle again, whole. A freed range ends its segment's persistence
 //   (residency_gate.hpp): the learner keys the step on persistent regions, and ranges hold activations that change
-//   places from step to step (with it kept, a run with LAYERSWAP_SPLIT=8 learned no step at all). Only device-backed segments that are not moving are split,
-//   and a split segment stays live (memory that cannot move, for the policy) until its last range is freed; the
-//   engine may still evict it whole under pressure, and a host-backed one hands out no ranges. The bound keeps a small
-//   request from pinning a much larger segment: the free ranges of a live segment are room nobody else can use.
+//   places from step to step (with it kept, a run with LAYERSWAP_SPLIT=8 learned no step at all). Only device-backed
+//   segments that are not moving are split, and a split segment stays live (memory that cannot move, for the policy)
+//   until its last range is freed; the engine may still evict it whole under pressure, and a host-backed one hands out
+//   no ranges. The bound keeps a small request from pinning a much larger segment: the free ranges of a live segment
+//   are room nobody else can use.
 //   Experimental, off by default. On the H200 (docs/swapping.md, session 23) it did not touch the 4 x 2048 churn at
 //   bound 4 (1-2 splits a step: the churn is the loss's 1000 MiB logits and the activations turning into each other,
 //   out of reach); at 16 or more it removed the churn but the big segments, split for activations that live until the
@@ -516,8 +517,8 @@ struct caching_allocator::impl final : detail::page_source {
   void destroy_segment_locked(segment* seg);
   device_ptr reserve_va_locked(std::size_t npages);
   arena& add_arena_locked(std::size_t bytes);  // a new VA reservation, published for frees
-  // Note [Home segments]: a segment at a spare chunk's home VA, of `pool`, holding `chunk`; nullptr when the engine
-  // has no spare of `lo`..`hi` bytes with a home there.
+  // Note [Home segments]: a segment of `pool` at the home VA of the engine's smallest spare chunk of `lo`..`hi`
+  // bytes whose home lies in the arena of homes, holding that chunk; nullptr: no such spare.
   segment* home_segment_locked(stream_pool* pool, std::size_t lo, std::size_t hi);
   [[nodiscard]] bool homes_on() const noexcept { return home_arena != nullptr; }
   void release_va_locked(device_ptr va, std::size_t npages);

@@ -1493,8 +1493,8 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
               static_cast<long long>(sum.prefetches), static_cast<long long>(sum.abandoned),
               static_cast<long long>(sum.cancelled));
   std::printf("  write-backs: %lld checked, %lld skipped (clean); oversize reuses: %lld; composites: %lld; splits: "
-              "%lld (home segments %lld); cache misses %lld, largest cache reserve at a seed's end %lld bytes; rounds with a following "
-              "reserve %lld\n",
+              "%lld (home segments %lld); cache misses %lld, largest cache reserve at a seed's end %lld bytes; rounds "
+              "with a following reserve %lld\n",
               static_cast<long long>(sum.writeback_checked), static_cast<long long>(sum.writeback_skipped),
               static_cast<long long>(reuses), static_cast<long long>(composites), static_cast<long long>(splits),
               static_cast<long long>(homes), static_cast<long long>(sum.cache_misses),

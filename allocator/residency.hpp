@@ -161,8 +161,9 @@ class page_source {
   // wait: only segments whose streams' work is known complete; for the others an event is recorded so that a later
   // call can take them.
   virtual void reclaim_idle(std::size_t n) = 0;
-  // Destroys one idle chunk-backed segment of exactly `bytes` whose stream's work is known complete, so that its
-  // chunk becomes a spare of that size (residency.cpp, Note [Following reserve]). False: none.
+  // Destroys one idle segment whose chunk is exactly `bytes` (a region's own, or a home segment's) and whose stream's
+  // work is known complete, so that its chunk becomes a spare of that size (residency.cpp, Note [Following
+  // reserve]). False: none.
   virtual bool reclaim_idle_sized(std::size_t /*bytes*/) { return false; }
   // Housekeeping the allocator does from the migration thread (retiring freed host-backed segments).
   virtual void maintain() = 0;

@@ -1952,16 +1952,38 @@ TEST(Residency, ARequestReclaimsTheSmallestIdleSegmentThatCoversIt) {
   }
 }
 
+// The split-spare and home-segment tests: LAYERSWAP_SPLIT on, a 16 MiB budget full with `w` (8 MiB of 0x31, evicted,
+// its chunk a spare) and `fill` (8 MiB of 0x32).
+struct spare_case {
+  split_on on;
+  fixed_forecast f;  // outlives the allocator; set once w's prefetch is due
+  harness h{16 * MiB};
+  void* w = h.written(8 * MiB, 0x31);
+  void* fill = h.written(8 * MiB, 0x32);
+  spare_case() { h.go_out(w); }
+  // The end: `w` comes up next, so the policy reclaims the idle segment that holds its chunk and prefetches into that
+  // chunk, making none (`creates`: the chunks made before); both keep their bytes within the budget. Frees both.
+  void expect_prefetch_takes_the_chunk_back(std::size_t creates) {
+    h.alloc.set_forecast_source(&f);
+    f.set({harness::id_of(w)});
+    for (int i = 0; i < 4; ++i) h.alloc.residency_tick();
+    EXPECT_EQ(h.alloc.residency_of(w), region_residency::device);
+    EXPECT_EQ(h.sim.num_creates(), creates) << "the prefetch made a chunk";
+    EXPECT_TRUE(h.holds(w, 8 * MiB, 0x31));
+    EXPECT_TRUE(h.holds(fill, 8 * MiB, 0x32));
+    EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
+    h.expect_clean();
+    for (void* p : {w, fill}) h.alloc.deallocate(p);
+  }
+};
+
 // Note [Split spares]: under a full budget, a request with no segment to split takes an evicted region's spare chunk
 // as a segment of its own pool and a range of it, with no chunk made or released; the next request of the pool takes
 // the rest; freed, the segment is idle whole, and the evicted region's prefetch gets that chunk back.
 TEST(Residency, SplitSparesServeRequestsFromAnEvictedRegionsChunk) {
-  split_on on;
-  fixed_forecast f;  // outlives the allocator; set once w's prefetch is due
-  harness h(16 * MiB);
-  void* w = h.written(8 * MiB, 0x31);
-  void* fill = h.written(8 * MiB, 0x32);  // the budget is full
-  h.go_out(w);
+  spare_case c;
+  harness& h = c.h;
+  void* w = c.w;
   ASSERT_EQ(h.alloc.residency().spare_bytes, static_cast<std::int64_t>(8 * MiB)) << "its chunk is a spare";
   const std::size_t creates = h.sim.num_creates();
   const std::int64_t released = h.alloc.residency().chunks_released;
@@ -1983,28 +2005,16 @@ TEST(Residency, SplitSparesServeRequestsFromAnEvictedRegionsChunk) {
   EXPECT_FALSE(gate::persistent(harness::id_of(b)))
       << "a split segment whose range was freed keys the learner's step (residency_gate.hpp)";
   h.alloc.deallocate(b);
-  h.alloc.set_forecast_source(&f);  // w comes up next: the policy reclaims the idle segment for its prefetch
-  f.set({harness::id_of(w)});
-  for (int i = 0; i < 4; ++i) h.alloc.residency_tick();
-  EXPECT_EQ(h.alloc.residency_of(w), region_residency::device);
-  EXPECT_EQ(h.sim.num_creates(), creates) << "the prefetch made a chunk";
-  EXPECT_TRUE(h.holds(w, 8 * MiB, 0x31));
-  EXPECT_TRUE(h.holds(fill, 8 * MiB, 0x32));
-  EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
-  h.expect_clean();
-  for (void* p : {w, fill}) h.alloc.deallocate(p);
+  c.expect_prefetch_takes_the_chunk_back(creates);
 }
 
 // Note [Home segments]: with LAYERSWAP_SPLIT on, a request of a spare chunk's size gets a segment at the chunk's home
 // VA, where the chunk is mapped since its first prefetch: no chunk made, no mapping; freed and reclaimed for the
 // evicted region's prefetch, the chunk is a spare again and the prefetch stages into it there.
 TEST(Residency, HomeSegmentsServeRequestsAtASparesHomeWithNoDriverCall) {
-  split_on on;
-  fixed_forecast f;  // outlives the allocator; set once w's prefetch is due
-  harness h(16 * MiB);
-  void* w = h.written(8 * MiB, 0x31);
-  void* fill = h.written(8 * MiB, 0x32);  // the budget is full
-  h.go_out(w);
+  spare_case c;
+  harness& h = c.h;
+  void* w = c.w;
   h.come_back(w);  // its chunk gets a home VA at this prefetch
   h.go_out(w);
   ASSERT_EQ(h.alloc.residency().spare_bytes, static_cast<std::int64_t>(8 * MiB)) << "its chunk is a spare";
@@ -2022,16 +2032,7 @@ TEST(Residency, HomeSegmentsServeRequestsAtASparesHomeWithNoDriverCall) {
   EXPECT_TRUE(h.holds(w, 8 * MiB, 0x31)) << "the evicted region reads its host copy";
   h.expect_clean();
   h.alloc.deallocate(a);
-  h.alloc.set_forecast_source(&f);  // w comes up next: the policy reclaims the idle home segment for its prefetch
-  f.set({harness::id_of(w)});
-  for (int i = 0; i < 4; ++i) h.alloc.residency_tick();
-  EXPECT_EQ(h.alloc.residency_of(w), region_residency::device);
-  EXPECT_EQ(h.sim.num_creates(), creates) << "the prefetch made a chunk";
-  EXPECT_TRUE(h.holds(w, 8 * MiB, 0x31));
-  EXPECT_TRUE(h.holds(fill, 8 * MiB, 0x32));
-  EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
-  h.expect_clean();
-  for (void* p : {w, fill}) h.alloc.deallocate(p);
+  c.expect_prefetch_takes_the_chunk_back(creates);
 }
 
 // Note [Home segments]: a home segment's chunk becomes a spare again only once its stream is past the segment's last

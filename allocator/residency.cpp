@@ -118,23 +118,23 @@
 //   half its room; it never shrinks. A size fixes it (at most the whole capacity); none is the former behaviour.
 //
 // Note [Following reserve]
-//   The reserve of Note [Policy] is the step's peak of transient bytes, kept free at every moment. But the
-//   transient bytes of a training step rise through the forward pass and fall through the backward one (LoRA at
-//   25% on the H200: 0.5 GB at the step's start and end, 2.6 GB at the loss), so at the start of the forward pass
-//   most of the reserve is room no activation needs yet, and the weights it could hold are evicted and prefetched
-//   again. With LAYERSWAP_RESERVE=follow[:N] the engine learns the peak of each 64th of the learned step (the
-//   transient bytes seen by the rounds in it, raised by an allocation that had to evict synchronously there), and
-//   once every 64th has been seen with the same step length, a round's reserve is the peak of its own 64th and the
-//   N after it (default 4): the policy evicts ahead of the activations' growth (the Belady victims of Note
-//   [Policy], the regions just used) and prefetches into what they leave as they are freed. Until then, and when
-//   the step length changes (relearned: the peaks start again), the reserve is the step's peak. Experimental: the
-//   room it gives the weights was the activations' segments. A prefetch that finds no spare of its size and no
-//   room in the budget first reclaims an idle segment whose chunk is exactly its size (page_source::
-//   reclaim_idle_sized: a region's own chunk or a home segment's), which passes to it as it is; with
-//   LAYERSWAP_SPLIT the allocator places activations in the weights' spare chunks where it can (Notes [Split
-//   spares] and [Home segments] in caching_allocator.cpp). On the H200 (1.1B LoRA at 25%, docs/swapping.md,
-//   sessions 26 and 27) it cut the bytes moved per step from 3.73 to 2.1-2.5 GB, but the program still made
-//   ~145 segments a step (~300 without home segments): 1.3-1.4x the resident step against 1.1x.
+//   The reserve of Note [Policy] is the step's peak of transient bytes, kept free at every moment. But the transient
+//   bytes of a training step rise through the forward pass and fall through the backward one (LoRA at 25% on the H200:
+//   0.5 GB at the step's start and end, 2.6 GB at the loss), so at the start of the forward pass most of the reserve is
+//   room no activation needs yet, and the weights it could hold are evicted and prefetched again. With
+//   LAYERSWAP_RESERVE=follow[:N] the engine learns the peak of each 64th of the learned step (the transient bytes seen
+//   by the rounds in it, raised by an allocation that had to evict synchronously there), and once every 64th has been
+//   seen with the same step length, or four steps have passed (a 64th that no round saw, such as a burst of launches in
+//   a millisecond, then counts as the step's peak), a round's reserve is the peak of its own 64th and the N after it
+//   (default 4): the policy evicts ahead of the activations' growth (the Belady victims of Note [Policy], the regions
+//   just used) and prefetches into what they leave as they are freed. Until then, and when the step length changes
+//   (relearned: the peaks start again), the reserve is the step's peak. Experimental: the room it gives the weights was
+//   the activations' segments. A prefetch that finds no spare of its size and no room in the budget first reclaims an
+//   idle segment whose chunk is exactly its size (page_source::reclaim_idle_sized: a region's own chunk or a home
+//   segment's), which passes to it as it is; with LAYERSWAP_SPLIT the allocator places activations in the weights'
+//   spare chunks where it can (Notes [Split spares] and [Home segments] in caching_allocator.cpp). On the H200 (1.1B
+//   LoRA at 25%, docs/swapping.md, sessions 26 and 27) it cut the bytes moved per step from 3.73 to 2.1-2.5 GB, but the
+//   program still made ~145 segments a step (~300 without home segments): 1.3-1.4x the resident step against 1.1x.
 //
 // Note [Digest carried over]
 //   A prefetch digests what it brought in (Note [Write-back]) so that the next eviction can tell a clean region.
@@ -406,11 +406,14 @@ struct residency_engine::impl {
   std::size_t host_bytes = 0;                              // host-located bytes in existence
   std::size_t max_transient = 0;  // the reserve for memory that cannot move (Note [Policy])
   // Note [Following reserve]: the transient peak of each 64th of the learned step, for a step of `phase_step`
-  // launches; `phases_seen` of them have been seen since it last changed; `phase` is the last round's.
+  // launches; `phases_seen` of them have been seen since it last changed, over `phase_steps` steps (the rounds'
+  // position wrapped); `phase` is the last round's.
   static constexpr std::size_t k_phases = 64;
+  static constexpr std::size_t k_follow_steps = 4;  // steps after which unseen 64ths count as the step's peak
   std::array<std::size_t, k_phases> phase_peak{};
   std::array<bool, k_phases> phase_seen{};
   std::size_t phases_seen = 0;
+  std::size_t phase_steps = 0;
   std::uint64_t phase_step = 0;
   std::size_t phase = 0;
   std::size_t cache_grown = 0;    // the automatic cache reserve's bytes before its cap (Note [Cache reserve])
@@ -1418,17 +1421,21 @@ struct residency_engine::impl {
       phase_peak.fill(0);
       phase_seen.fill(false);
       phases_seen = 0;
+      phase_steps = 0;
     }
-    phase = static_cast<std::size_t>(f.step_position % f.step_launches * k_phases / f.step_launches);
+    const auto now = static_cast<std::size_t>(f.step_position % f.step_launches * k_phases / f.step_launches);
+    if (now + k_phases / 2 < phase) ++phase_steps;  // the position wrapped: a new step
+    phase = now;
     phase_peak[phase] = std::max(phase_peak[phase], transient);
     if (!phase_seen[phase]) {
       phase_seen[phase] = true;
       ++phases_seen;
     }
-    if (!options.reserve_follow || phases_seen < k_phases) return max_transient;
+    if (!options.reserve_follow || (phases_seen < k_phases && phase_steps < k_follow_steps)) return max_transient;
     std::size_t reserve = 0;
     for (std::size_t k = 0; k <= options.reserve_ahead; ++k) {
-      reserve = std::max(reserve, phase_peak[(phase + k) % k_phases]);
+      const std::size_t at = (phase + k) % k_phases;
+      reserve = std::max(reserve, phase_seen[at] ? phase_peak[at] : max_transient);  // unseen: the step's peak
     }
     ++st.reserve_followed;
     return std::min(reserve, max_transient);

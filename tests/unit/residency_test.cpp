@@ -1019,9 +1019,11 @@ TEST(Residency, PolicyKeepsTheReserveForActivations) {
 // step's peak as the reserve, the weights get 32 - 20 MiB at every moment; with LAYERSWAP_RESERVE=follow, once every
 // 64th of the step has been seen, they get the whole first half's room and are evicted ahead of the second half's
 // activations, which then find their room without evicting synchronously.
+// With `gaps`, no round ever lands in eight 64ths of the step (as in a burst of launches within a millisecond): the
+// reserve follows the step after four steps all the same, with those 64ths counted as the step's peak.
 TEST(Residency, FollowingReserveGivesTheWeightsTheRoomActivationsLeave) {
-  for (const bool follow : {false, true}) {
-    SCOPED_TRACE(follow ? "follow" : "peak");
+  for (const auto [follow, gaps] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
+    SCOPED_TRACE(std::string(follow ? "follow" : "peak") + (gaps ? ", gaps" : ""));
     follow_on mode(follow);
     fixed_forecast f;
     harness h(32 * MiB);
@@ -1035,13 +1037,16 @@ TEST(Residency, FollowingReserveGivesTheWeightsTheRoomActivationsLeave) {
     void* big = nullptr;                   // live in the step's second half
     std::size_t weights_at_start = 0;
     std::int64_t stalls_after_learning = 0;
-    for (int step = 0; step < 3; ++step) {
-      if (step == 2) stalls_after_learning = h.alloc.residency().stall_evictions;
+    const int steps = gaps ? 6 : 3;
+    for (int step = 0; step < steps; ++step) {
+      if (step == steps - 1) stalls_after_learning = h.alloc.residency().stall_evictions;
       for (std::uint64_t phase = 0; phase < 64; ++phase) {
         f.set_position(phase * 1000 / 64 + 1);
         if (phase == 32) big = h.written(16 * MiB, static_cast<std::uint8_t>(0x10 + step));
-        for (int i = 0; i < 3; ++i) h.alloc.residency_tick();
-        if (phase == 2 && step == 2) {
+        if (!gaps || phase < 40 || phase >= 48) {
+          for (int i = 0; i < 3; ++i) h.alloc.residency_tick();
+        }
+        if (phase == 2 && step == steps - 1) {
           for (void* p : w) weights_at_start += h.alloc.residency_of(p) == region_residency::device ? 4 * MiB : 0;
         }
         EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(32 * MiB));

@@ -107,9 +107,9 @@ def test_training_under_budget_is_bitwise_equal(tmp_path, baseline):
 def test_experimental_placement_under_budget_is_bitwise_equal(tmp_path, baseline):
     """LAYERSWAP_RESERVE=follow, LAYERSWAP_SPLIT=8 and no cache reserve at 25%: activations go into ranges of freed
     segments and into evicted weights' chunks at their home VAs (allocator/caching_allocator.cpp, Notes [Split
-    segments] and [Home segments]), memory that a prefetch then takes back. Losses must not change. (On the H200 the
-    run made ~2,900 splits and ~170 home segments; the following reserve itself did not engage in 12 steps of this
-    small model, whose 64ths were not all seen.)"""
+    segments] and [Home segments]), memory that a prefetch then takes back, and the reserve follows the step
+    (allocator/residency.cpp, Note [Following reserve]). Losses must not change. (On the H200: ~2,800 splits, ~300
+    home segments and ~190 rounds with a following reserve in 12 steps.)"""
     native1 = baseline[0]
     budget = budget_for(baseline, 0.25)
     env = clean_env(LAYERSWAP_BUDGET=budget, LAYERSWAP_STATS=1, LAYERSWAP_RESERVE="follow", LAYERSWAP_SPLIT=8,
@@ -125,6 +125,7 @@ def test_experimental_placement_under_budget_is_bitwise_equal(tmp_path, baseline
     assert res.get("bytes_d2h", 0) > 0, f"nothing was evicted at budget {budget}\n{proc.stderr[-3000:]}"
     assert st.get("num_splits", 0) > 0, "no allocation took a range of a split segment: the test proves nothing"
     assert st.get("num_home_segments", 0) > 0, "no segment was made at a spare's home: the test proves nothing"
+    assert res.get("reserve_followed", 0) > 0, "the reserve never followed the step: the test proves nothing"
     assert run["losses_hex"] == native1["losses_hex"], (
         f"losses with the experimental placement differ from the native run: "
         f"{first_difference(native1['losses_hex'], run['losses_hex'])}\n{proc.stderr[-3000:]}")

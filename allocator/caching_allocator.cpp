@@ -522,13 +522,15 @@ struct caching_allocator::impl final : detail::page_source {
   segment* home_segment_locked(stream_pool* pool, std::size_t lo, std::size_t hi);
   [[nodiscard]] bool homes_on() const noexcept { return home_arena != nullptr; }
   void release_va_locked(device_ptr va, std::size_t npages);
-  // The range joins a's free runs (the mutex held, or home_mutex for the arena of homes).
+  // The first free run of `a` with `npages` granules, taken (0: none), and a range given back to a's free runs,
+  // joining its neighbours (the mutex held, or home_mutex for the arena of homes).
+  device_ptr take_run(arena& a, std::size_t npages) const;
   void free_run(arena& a, device_ptr va, std::size_t npages) const;
   void set_owner_locked(device_ptr va, std::size_t npages, segment* seg);
   void release_block_locked(segment* seg, std::uint32_t block);
   // Note [Split segments]
   void* allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool);
-  void* allocate_spare_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool);
+  void* allocate_spare_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool, bool homes_only);
   // The request's range from `seg`: its free range `index`, or, `whole`, the idle segment split for the first time.
   void* take_range_locked(segment* seg, std::size_t index, bool whole, std::size_t bytes, std::size_t npages);
   void note_new_large_locked(segment* seg);
@@ -643,21 +645,9 @@ event_handle caching_allocator::impl::take_event_locked() {
 device_ptr caching_allocator::impl::reserve_va_locked(std::size_t npages) {
   for (auto& a : arenas) {
     if (a->homes) continue;  // Note [Home segments]: the engine's
-    for (auto it = a->free_runs.begin(); it != a->free_runs.end(); ++it) {
-      if (it->second < npages) continue;
-      const std::size_t first = it->first;
-      const std::size_t left = it->second - npages;
-      a->free_runs.erase(it);
-      if (left) a->free_runs.emplace(first + npages, left);
-      return a->base + (first << gran_shift);
-    }
+    if (const device_ptr va = take_run(*a, npages)) return va;
   }
-  arena& added = add_arena_locked(std::max(options.va_reserve, npages << gran_shift));
-  auto first = added.free_runs.begin();  // the whole arena, one run
-  const std::size_t left = first->second - npages;
-  added.free_runs.erase(first);
-  if (left) added.free_runs.emplace(npages, left);
-  return added.base;
+  return take_run(add_arena_locked(std::max(options.va_reserve, npages << gran_shift)), npages);
 }
 
 arena& caching_allocator::impl::add_arena_locked(std::size_t bytes) {
@@ -683,17 +673,8 @@ arena& caching_allocator::impl::add_arena_locked(std::size_t bytes) {
 // Note [Home segments]: the engine's chunks take their home VAs here, first fit, without the allocator's mutex.
 device_ptr caching_allocator::impl::take_home_va(std::size_t bytes) {
   if (!home_arena || bytes % gran != 0) return 0;
-  const std::size_t n = bytes >> gran_shift;
   const std::lock_guard lock(home_mutex);
-  auto& runs = home_arena->free_runs;
-  for (auto it = runs.begin(); it != runs.end(); ++it) {
-    if (it->second < n) continue;
-    const std::size_t first = it->first, left = it->second - n;
-    runs.erase(it);
-    if (left) runs.emplace(first + n, left);
-    return home_arena->base + (first << gran_shift);
-  }
-  return 0;  // full: the engine reserves its own
+  return take_run(*home_arena, bytes >> gran_shift);  // 0 when full: the engine reserves its own
 }
 
 bool caching_allocator::impl::give_home_va(device_ptr va, std::size_t bytes) {
@@ -709,6 +690,17 @@ void caching_allocator::impl::release_va_locked(device_ptr va, std::size_t npage
     free_run(*a, va, npages);
     return;
   }
+}
+
+device_ptr caching_allocator::impl::take_run(arena& a, std::size_t npages) const {
+  for (auto it = a.free_runs.begin(); it != a.free_runs.end(); ++it) {
+    if (it->second < npages) continue;
+    const std::size_t first = it->first, left = it->second - npages;
+    a.free_runs.erase(it);
+    if (left) a.free_runs.emplace(first + npages, left);
+    return a.base + (first << gran_shift);
+  }
+  return 0;
 }
 
 void caching_allocator::impl::free_run(arena& a, device_ptr va, std::size_t npages) const {
@@ -1232,12 +1224,14 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
   for (std::size_t n = npages; n < last && !seg; ++n) seg = pool->free_by_pages[n].head;
   if (!seg && log_enabled(log_level::debug) && !room_for_new_locked(npages)) log_cache_miss_locked(pool, bytes);
   const std::size_t window = (npages + npages / 8) << gran_shift;  // the most a request takes whole
+  bool homes_tried = false;  // Note [Home segments]: the spares' homes, already looked at for this request
   if (!seg && options.split > 1 && engine && !room_for_new_locked(npages)) {  // Note [Split segments]
     if (void* p = allocate_split_locked(bytes, npages, pool)) return p;
     seg = home_segment_locked(pool, npages << gran_shift, window);  // Note [Home segments]
     if (!seg) {
-      if (void* p = allocate_spare_split_locked(bytes, npages, pool)) return p;  // Note [Split spares]
+      if (void* p = allocate_spare_split_locked(bytes, npages, pool, false)) return p;  // Note [Split spares]
     }
+    homes_tried = true;
   }
   if (!seg && options.oversize > 1.0 && !room_for_new_locked(npages)) {  // Note [Oversize reuse]
     const auto most = static_cast<std::size_t>(static_cast<double>(npages) * options.oversize);
@@ -1249,13 +1243,10 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
     pool->free_by_pages[seg->npages()].erase(seg);
     idle.erase(seg);
   } else {
-    seg = engine ? home_segment_locked(pool, npages << gran_shift, window) : nullptr;  // Note [Home segments]
-    if (!seg && engine && options.split > 1) {  // ... or a larger one split, rather than a chunk made and mapped
-      const std::size_t most = (npages * options.split) << gran_shift;
-      if (segment* home = home_segment_locked(pool, window + gran, most)) {
-        cache_large_locked(home);
-        ++st.num_spare_splits;
-        return take_range_locked(home, 0, true, bytes, npages);
+    if (engine && !homes_tried) {
+      seg = home_segment_locked(pool, npages << gran_shift, window);  // Note [Home segments]
+      if (!seg && options.split > 1) {  // ... or a larger one split, rather than a chunk made and mapped
+        if (void* p = allocate_spare_split_locked(bytes, npages, pool, true)) return p;
       }
     }
     if (!seg) {
@@ -1420,12 +1411,15 @@ void* caching_allocator::impl::take_range_locked(segment* best, std::size_t inde
 
 // Note [Split spares]: a spare chunk above the request's reuse window and within LAYERSWAP_SPLIT times its size
 // becomes an idle segment of the request's pool (one mapping, no chunk made or released), which the request then
-// splits. nullptr: no such spare.
-void* caching_allocator::impl::allocate_spare_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool) {
+// splits. A spare with a home becomes a segment there instead, with no driver call (Note [Home segments]); with
+// `homes_only`, only such a spare. nullptr: no such spare.
+void* caching_allocator::impl::allocate_spare_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool,
+                                                           bool homes_only) {
   const std::size_t lo = (npages + npages / 8 + 1) << gran_shift;
   const std::size_t hi = (npages * options.split) << gran_shift;
-  segment* seg = home_segment_locked(pool, lo, hi);  // Note [Home segments]: no driver call
+  segment* seg = home_segment_locked(pool, lo, hi);
   if (!seg) {
+    if (homes_only) return nullptr;
     const std::size_t spare = engine->spare_within_locked(lo, hi);
     if (spare == 0) return nullptr;
     seg = new_chunk_segment_locked(pool, spare, bytes);  // takes that spare: nothing else is smaller

@@ -504,9 +504,8 @@ struct residency_engine::impl {
     const auto start = std::chrono::steady_clock::now();
     // Note [Following reserve]: the room of a following reserve is the activations' segments; one of this size
     // gives its chunk as it is, where the budget has no room for a new one.
-    if (options.reserve_follow && !spare_chunks.contains(r.bytes)) {
-      const std::size_t budget = source.budget(), held = source.held_bytes();
-      if (source.pooled_bytes() + (budget > held ? budget - held : 0) < r.bytes) source.reclaim_idle_sized(r.bytes);
+    if (options.reserve_follow && !spare_chunks.contains(r.bytes) && unused_bytes() < r.bytes) {
+      source.reclaim_idle_sized(r.bytes);
     }
     bool ok = claim_chunk(r.bytes, m.chunk);
     if (!ok) {
@@ -1324,10 +1323,12 @@ struct residency_engine::impl {
   }
 
   // Pages a prefetch can take now without reclaiming: pooled ones, spare chunks and the budget's headroom.
-  [[nodiscard]] std::size_t free_pages() const {
+  [[nodiscard]] std::size_t free_pages() const { return (unused_bytes() + spare_bytes) / gran; }
+  // Device bytes a new chunk can have now without releasing or reclaiming anything: pooled pages and the headroom.
+  [[nodiscard]] std::size_t unused_bytes() const {
     const std::size_t budget = source.budget();
     const std::size_t held = source.held_bytes();
-    return (source.pooled_bytes() + spare_bytes + (budget > held ? budget - held : 0)) / gran;
+    return source.pooled_bytes() + (budget > held ? budget - held : 0);
   }
 
   // Device bytes that no move can free: held, less pooled pages and spare chunks, the allocator's idle cache and

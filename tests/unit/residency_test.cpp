@@ -1107,6 +1107,52 @@ TEST(Residency, FollowingReservePrefetchReclaimsAnIdleSegmentOfItsSize) {
   }
 }
 
+// Note [Reclaiming for a prefetch]: while a prefetch is in flight and no launch waits, the next one short of room does
+// not take the allocator's idle cache (the program's next requests of those sizes would make their segments again);
+// once no copy is left in flight, it does.
+TEST(Residency, APrefetchTakesTheIdleCacheOnlyWhenTheCopiesWouldStop) {
+  fixed_forecast f;  // outlives the allocator
+  harness h(16 * MiB, /*eager=*/false);
+  void* w0 = h.written(4 * MiB, 0x31);
+  void* w1 = h.written(4 * MiB, 0x32);
+  h.sim.run_all();
+  for (void* w : {w0, w1}) {
+    ASSERT_TRUE(h.alloc.request_evict(w));
+    h.sim.run_all();
+    h.alloc.residency_tick();
+    ASSERT_EQ(h.alloc.residency_of(w), region_residency::host);
+  }
+  std::vector<void*> acts;  // four segments of 4 MiB: the budget is full, then all of it idle in the cache
+  for (std::uint8_t v = 0x41; v < 0x45; ++v) acts.push_back(h.written(4 * MiB, v));
+  for (void* a : acts) h.alloc.deallocate(a);
+  h.sim.run_all();
+  h.alloc.residency_tick();  // fences for the idle segments
+  h.sim.run_all();
+  ASSERT_EQ(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
+  const std::int64_t reclaims = h.alloc.stats().num_engine_reclaims;
+  const std::int64_t segments = h.alloc.stats().large.segments.current;  // w0, w1 and the four idle ones
+  h.alloc.set_forecast_source(&f);
+  f.set({harness::id_of(w0), harness::id_of(w1)});
+  h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(w0), region_residency::moving_in);
+  EXPECT_EQ(h.alloc.residency_of(w1), region_residency::host) << "w1 took the cache while w0's copy was in flight";
+  EXPECT_EQ(h.alloc.stats().num_engine_reclaims - reclaims, 1);
+  EXPECT_EQ(h.alloc.stats().large.segments.current, segments - 1) << "three idle segments left for the program";
+  for (int i = 0; i < 6 && h.alloc.residency_of(w1) != region_residency::device; ++i) {
+    h.sim.run_all();
+    h.alloc.residency_tick();
+  }
+  EXPECT_EQ(h.alloc.residency_of(w0), region_residency::device);
+  EXPECT_EQ(h.alloc.residency_of(w1), region_residency::device) << "no copy in flight: w1 takes the cache";
+  EXPECT_EQ(h.alloc.stats().num_engine_reclaims - reclaims, 2);
+  EXPECT_TRUE(h.holds(w0, 4 * MiB, 0x31));
+  EXPECT_TRUE(h.holds(w1, 4 * MiB, 0x32));
+  EXPECT_LE(h.sim.live_device_bytes(), 16 * MiB);
+  h.expect_clean();
+  for (void* p : {w0, w1}) h.alloc.deallocate(p);
+  h.sim.run_all();
+}
+
 // Note [Cache reserve]: an allocation that finds no cached segment of its size and destroys another's grows the
 // automatic cache reserve, and the policy then keeps that much of its room free for the cache (evicting a forecast
 // region to make it). Without the reserve the forecast regions keep the room.

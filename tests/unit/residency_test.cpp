@@ -1153,6 +1153,32 @@ TEST(Residency, APrefetchTakesTheIdleCacheOnlyWhenTheCopiesWouldStop) {
   h.sim.run_all();
 }
 
+// Note [Reclaiming for a prefetch]: a prefetch that releasing every spare chunk would not make room for releases none:
+// the spare stays for the next request of its size.
+TEST(Residency, APrefetchReleasesNoSpareThatCannotMakeItsRoom) {
+  harness h(16 * MiB);
+  void* x = h.evicted(4 * MiB, 0x11);  // its chunk: a spare of 4 MiB
+  void* w = h.evicted(8 * MiB, 0x12);  // ... and one of 8 MiB
+  void* a = h.written(8 * MiB, 0x13);  // takes w's chunk
+  void* c1 = h.written(2 * MiB, 0x14);
+  void* c2 = h.written(2 * MiB, 0x15);  // 16 MiB held: 4 MiB of it the spare
+  ASSERT_EQ(h.alloc.residency().spare_bytes, static_cast<std::int64_t>(4 * MiB));
+  const std::int64_t released = h.alloc.residency().chunks_released;
+  EXPECT_FALSE(h.alloc.request_prefetch(w)) << "8 MiB cannot fit: 4 MiB spare, no headroom, no idle cache";
+  EXPECT_EQ(h.alloc.residency().spare_bytes, static_cast<std::int64_t>(4 * MiB));
+  EXPECT_EQ(h.alloc.residency().chunks_released, released);
+  const std::size_t creates = h.sim.num_creates();
+  void* y = h.written(4 * MiB, 0x16);
+  EXPECT_EQ(h.sim.num_creates(), creates) << "the kept spare served the next request of its size";
+  EXPECT_EQ(h.alloc.residency_of(w), region_residency::host);
+  EXPECT_TRUE(h.holds(w, 8 * MiB, 0x12));
+  EXPECT_TRUE(h.holds(x, 4 * MiB, 0x11));
+  h.expect_clean();
+  for (void* p : {x, w, a, c1, c2, y}) h.alloc.deallocate(p);
+  h.alloc.empty_cache();
+  h.expect_clean();
+}
+
 // Note [Cache reserve]: an allocation that finds no cached segment of its size and destroys another's grows the
 // automatic cache reserve, and the policy then keeps that much of its room free for the cache (evicting a forecast
 // region to make it). Without the reserve the forecast regions keep the room.

@@ -1022,7 +1022,7 @@ TEST(Residency, PolicyKeepsTheReserveForActivations) {
 // With `gaps`, no round ever lands in eight 64ths of the step (as in a burst of launches within a millisecond): the
 // reserve follows the step after four steps all the same, with those 64ths counted as the step's peak.
 TEST(Residency, FollowingReserveGivesTheWeightsTheRoomActivationsLeave) {
-  for (const auto [follow, gaps] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
+  for (const auto& [follow, gaps] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
     SCOPED_TRACE(std::string(follow ? "follow" : "peak") + (gaps ? ", gaps" : ""));
     follow_on mode(follow);
     fixed_forecast f;

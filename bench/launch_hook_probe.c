@@ -18,6 +18,7 @@
 // probe's workloads, not for a product.
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
@@ -131,10 +132,34 @@ typedef struct {
 typedef int (*rt_launch_fn)(const void*, dim3_t, dim3_t, void**, size_t, void*);
 typedef int (*rt_launch_ex_fn)(const void*, const void*, void**);
 
+// The definition of `name` in the first loaded object other than this library, for a runtime loaded where
+// RTLD_NEXT does not look (dlopen'ed without RTLD_GLOBAL, as a dependency of a module).
+struct find_other {
+  const char* name;
+  void* found;
+};
+static int find_in_object(struct dl_phdr_info* info, size_t size, void* data) {
+  (void)size;
+  struct find_other* want = data;
+  Dl_info self;
+  if (!info->dlpi_name || !info->dlpi_name[0] || !dladdr((void*)find_in_object, &self)) return 0;
+  if (self.dli_fname && strcmp(self.dli_fname, info->dlpi_name) == 0) return 0;
+  void* handle = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+  if (!handle) return 0;
+  want->found = real_dlsym()(handle, want->name);
+  dlclose(handle);
+  return want->found != NULL;
+}
+
 static void* next_symbol(_Atomic(void*)* cache, const char* name) {
   void* f = atomic_load_explicit(cache, memory_order_relaxed);
   if (!f) {
     f = real_dlsym()(RTLD_NEXT, name);
+    if (!f) {
+      struct find_other want = {name, NULL};
+      dl_iterate_phdr(find_in_object, &want);
+      f = want.found;
+    }
     atomic_store(cache, f);
   }
   return f;

@@ -12,6 +12,7 @@ into a library, the driver's export table, graphs). Session 28 on the H200: 83% 
 the UNet's, all but 4 of full fine-tuning's (docs/swapping.md).
 
     python3 bench/launch_hook_probe.py --steps 6 --out bench/results/launch_hook_probe.json
+    python3 bench/launch_hook_probe.py --self-test     # the shim on a fake driver and runtime, no GPU
 """
 import argparse
 import ctypes
@@ -56,6 +57,97 @@ def child(args):
               "median_step_s": record.get("median_step_s"), "losses_hex": record.get("losses_hex")}
     pathlib.Path(args.result).write_text(json.dumps(result))
 
+# ---- --self-test: the shim on a fake driver and a fake runtime (no GPU, no CUDA) ----
+FAKE_DRIVER = r"""
+#include <stdint.h>
+#include <string.h>
+static int launches[2], launches_ex;
+static int launch(int slot) { return ++launches[slot], 0; }
+int cuLaunchKernel(void* f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned h,
+                   void* s, void** p, void** x) { return launch(0); }
+int cuLaunchKernel_ptsz(void* f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned h,
+                        void* s, void** p, void** x) { return launch(1); }
+int cuLaunchKernelEx(const void* config, void* f, void** p, void** x) { return ++launches_ex, 0; }
+int cuGetProcAddress_v2(const char* symbol, void** pfn, int version, uint64_t flags, int* status) {
+  if (status) *status = 0;
+  if (strcmp(symbol, "cuLaunchKernel") == 0) *pfn = flags == 2 ? (void*)cuLaunchKernel_ptsz : (void*)cuLaunchKernel;
+  else if (strcmp(symbol, "cuLaunchKernelEx") == 0) *pfn = (void*)cuLaunchKernelEx;
+  else return 500;
+  return 0;
+}
+int fake_driver_count(int which) { return which < 2 ? launches[which] : launches_ex; }
+"""
+FAKE_RUNTIME = r"""
+#include <stddef.h>
+typedef struct { unsigned x, y, z; } dim3_t;
+static int calls;
+int __cudaLaunchKernel(const void* k, dim3_t g, dim3_t b, void** a, size_t s, void* st) {
+  return (g.x == 2 && b.z == 3 && s == 64) ? (++calls, 0) : 1;  /* the arguments arrive intact */
+}
+int fake_runtime_calls(void) { return calls; }
+"""
+CALLER = r"""
+#include <stddef.h>
+typedef struct { unsigned x, y, z; } dim3_t;
+int __cudaLaunchKernel(const void* k, dim3_t g, dim3_t b, void** a, size_t s, void* st);
+int call_runtime(int n) {
+  dim3_t g = {2, 1, 1}, b = {1, 1, 3};
+  int bad = 0;
+  for (int i = 0; i < n; ++i) bad += __cudaLaunchKernel(0, g, b, 0, 64, 0) != 0;
+  return bad;
+}
+"""
+
+
+def self_test_child(tmp):
+    tmp = pathlib.Path(tmp)
+    shim = ctypes.CDLL(str(tmp / "launch_hook_probe.so"))
+    count = shim.launch_hook_probe_count
+    count.restype = ctypes.c_uint64
+    driver = ctypes.CDLL(str(tmp / "libfake_driver.so"))
+    proc = driver.cuGetProcAddress_v2  # through dlsym: the shim's wrapper
+    launch_t = ctypes.CFUNCTYPE(ctypes.c_int, *([ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3))
+    for flags, n in ((0, 3), (2, 2)):
+        fn = ctypes.c_void_p()
+        assert proc(b"cuLaunchKernel", ctypes.byref(fn), 13000, ctypes.c_uint64(flags), None) == 0
+        for _ in range(n):
+            assert launch_t(fn.value)(None, 1, 1, 1, 1, 1, 1, 0, None, None, None) == 0
+    ex = driver.cuLaunchKernelEx  # by name through dlsym
+    for _ in range(4):
+        assert ex(None, None, None, None) == 0
+    assert driver.cuGetProcAddress_v2(b"cuMemAlloc", ctypes.byref(ctypes.c_void_p()), 13000, ctypes.c_uint64(0),
+                                      None) == 500, "an unknown symbol must fail as the driver says"
+    caller = ctypes.CDLL(str(tmp / "libcaller.so"))
+    assert caller.call_runtime(5) == 0, "the interposed __cudaLaunchKernel garbled its arguments"
+    runtime = ctypes.CDLL(str(tmp / "libfake_runtime.so"))
+    got = {"shim": [count(i) for i in range(14)], "driver": [driver.fake_driver_count(i) for i in range(3)],
+           "runtime": runtime.fake_runtime_calls()}
+    expected_shim = [3, 0, 2, 4, 0, 0, 3, 0, 0, 0, 0, 0, 5, 0]  # slots 0/2, Ex slot 0, 3 handed out, __cudaLaunchKernel
+    assert got["shim"] == expected_shim, got
+    assert got["driver"] == [3, 2, 4], got  # every counted call reached the driver
+    assert got["runtime"] == 5, got
+    print("launch_hook_probe self-test: ok", got)
+
+
+def self_test():
+    with tempfile.TemporaryDirectory() as tmp:
+        t = pathlib.Path(tmp)
+        build_shim(tmp)
+        for name, text in (("fake_driver", FAKE_DRIVER), ("fake_runtime", FAKE_RUNTIME)):
+            (t / f"{name}.c").write_text(text)
+            subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(t / f"lib{name}.so"), str(t / f"{name}.c")],
+                           check=True)
+        (t / "caller.c").write_text(CALLER)
+        subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(t / "libcaller.so"), str(t / "caller.c"), f"-L{t}",
+                        "-lfake_runtime", f"-Wl,-rpath,{t}"], check=True)
+        env = dict(os.environ, LD_PRELOAD=str(t / "launch_hook_probe.so"))
+        run = subprocess.run([sys.executable, __file__, "--self-test-child", tmp], env=env, capture_output=True,
+                             text=True)
+        sys.stdout.write(run.stdout)
+        if run.returncode != 0:
+            sys.stderr.write(run.stderr[-4000:])
+            sys.exit(run.returncode)
+
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -66,7 +158,15 @@ def main():
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shim", default="", help=argparse.SUPPRESS)
     p.add_argument("--result", default="", help=argparse.SUPPRESS)
+    p.add_argument("--self-test", action="store_true", help="the shim on a fake driver and runtime (no GPU)")
+    p.add_argument("--self-test-child", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.self_test:
+        self_test()
+        return
+    if args.self_test_child:
+        self_test_child(args.self_test_child)
+        return
     if args.child:
         child(args)
         return

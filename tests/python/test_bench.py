@@ -1,6 +1,7 @@
 """The benchmark harnesses' own logic (no GPU): bench/swap.py's self-test (budgets, the Belady bound, the resident
 rerun, the peers' bookkeeping, on a fake runner), bench/stack_top.py's and bench/swap_stats.py's, and the training
-loop's per-thread CPU accounting, and bench/tracker.py's interleaved estimate."""
+loop's per-thread CPU accounting, bench/tracker.py's interleaved estimate, and bench/launch_hook_probe.py's shim on a
+fake driver and runtime."""
 import pathlib
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 
 
-@pytest.mark.parametrize("script", ["swap.py", "stack_top.py", "swap_stats.py", "tracker.py"])
+@pytest.mark.parametrize("script", ["swap.py", "stack_top.py", "swap_stats.py", "tracker.py", "launch_hook_probe.py"])
 def test_self_test(script):
     r = subprocess.run([sys.executable, str(BENCH / script), "--self-test"], capture_output=True, text=True,
                        timeout=600)

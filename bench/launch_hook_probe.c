@@ -4,14 +4,13 @@
 // cuGetProcAddress (the CUDA runtime does, to find every driver entry point) or for a launch function by name gets a
 // wrapper. The cuGetProcAddress wrapper hands out counting wrappers of cuLaunchKernel and cuLaunchKernelEx (per
 // stream-mode flag: the driver returns the per-thread-stream variant under the same name). Each launch wrapper adds
-// one to a counter and calls the driver. bench/launch_hook_probe.py compares the counts with what the CUPTI tracker
-// saw in the same process: equal counts mean every launch reached the driver through a pointer this resolution
-// handed out.
+// one to a counter and calls the driver.
 //
 // It also defines the CUDA runtime's launch functions (cudaLaunchKernel, cudaLaunchKernelExC, cooperative, CUDA 13's
 // __cudaLaunchKernel that <<<...>>> compiles to, and their per-thread-stream forms), which in an LD_PRELOAD library
 // come before libcudart's for every library that links the runtime dynamically (PyTorch does): counted separately,
-// then passed on to libcudart.
+// then passed on to libcudart. bench/launch_hook_probe.py compares the counts with what the CUPTI tracker saw in the
+// same process: equal counts mean every launch came through one of the two routes.
 //
 // Only the symbols named here are wrapped; everything else goes to the real dlsym. A dlsym(RTLD_NEXT, ...) made
 // through this wrapper resolves from this library's place in the search order, not the caller's: fine for the
@@ -131,6 +130,7 @@ typedef struct {
 } dim3_t;
 typedef int (*rt_launch_fn)(const void*, dim3_t, dim3_t, void**, size_t, void*);
 typedef int (*rt_launch_ex_fn)(const void*, const void*, void**);
+enum { k_symbol_not_found = 500 };  // cudaErrorSymbolNotFound: no runtime loaded to pass the launch on to
 
 // The definition of `name` in the first loaded object other than this library, for a runtime loaded where
 // RTLD_NEXT does not look (dlopen'ed without RTLD_GLOBAL, as a dependency of a module).
@@ -169,13 +169,15 @@ static void* next_symbol(_Atomic(void*)* cache, const char* name) {
   int name(const void* func, dim3_t grid, dim3_t block, void** args, size_t shared, void* stream) {               \
     static _Atomic(void*) next;                                                                                   \
     atomic_fetch_add_explicit(&g_runtime[counter], 1, memory_order_relaxed);                                     \
-    return ((rt_launch_fn)next_symbol(&next, #name))(func, grid, block, args, shared, stream);                    \
+    const rt_launch_fn f = (rt_launch_fn)next_symbol(&next, #name);                                               \
+    return f ? f(func, grid, block, args, shared, stream) : k_symbol_not_found;                                   \
   }
 #define RUNTIME_LAUNCH_EX(name, counter)                                                                           \
   int name(const void* config, const void* func, void** args) {                                                  \
     static _Atomic(void*) next;                                                                                   \
     atomic_fetch_add_explicit(&g_runtime[counter], 1, memory_order_relaxed);                                     \
-    return ((rt_launch_ex_fn)next_symbol(&next, #name))(config, func, args);                                     \
+    const rt_launch_ex_fn f = (rt_launch_ex_fn)next_symbol(&next, #name);                                         \
+    return f ? f(config, func, args) : k_symbol_not_found;                                                        \
   }
 RUNTIME_LAUNCH(cudaLaunchKernel, 0)
 RUNTIME_LAUNCH(cudaLaunchCooperativeKernel, 2)

@@ -548,7 +548,7 @@ struct residency_engine::impl {
         return true;
       }
       if (source.take_room(bytes / gran)) return true;
-      if (unused_bytes() + spare_bytes < bytes) return false;
+      if (free_pages() < bytes / gran) return false;
       if (!release_largest_spare()) return false;
     }
   }
@@ -590,13 +590,17 @@ struct residency_engine::impl {
   }
   // The chunk's device memory, gone (mutex held: the budget's books).
   void release_chunk(std::size_t bytes, const device_chunk& c) {
+    free_chunk(bytes, c);
+    source.give_room(bytes / gran);
+    ++st.chunks_released;
+  }
+  // ... the driver's part: its home unmapped and given back, its memory released.
+  void free_chunk(std::size_t bytes, const device_chunk& c) {
     if (c.home) {
       port.unmap(c.home, bytes);
       unreserve_home(c.home, bytes);
     }
     port.release(c.handle);
-    source.give_room(bytes / gran);
-    ++st.chunks_released;
   }
   void release_spare(std::multimap<std::size_t, device_chunk>::iterator it) {
     const auto [bytes, c] = *it;
@@ -1585,13 +1589,7 @@ residency_engine::~residency_engine() {
   stop();
   impl& m = *impl_;
   try {
-    for (auto& [bytes, c] : m.spare_chunks) {  // every region is gone: its chunk is spare
-      if (c.home) {
-        m.port.unmap(c.home, bytes);
-        m.unreserve_home(c.home, bytes);
-      }
-      m.port.release(c.handle);
-    }
+    for (auto& [bytes, c] : m.spare_chunks) m.free_chunk(bytes, c);  // every region is gone: its chunk is spare
     for (auto& [bytes, h] : m.spare_host) m.release_host(bytes, h);
     for (event_handle e : m.spare_events) m.port.destroy_event(e);
     for (std::uint64_t* words : m.digest_chunks) m.port.free_host_words(words);  // every move settled: none pending

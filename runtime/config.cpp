@@ -180,6 +180,15 @@ constexpr unit k_units[] = {
     {"T", k_tib},     {"TIB", k_tib},     {"TB", 1'000'000'000'000},
 };
 
+// `text`, all of it, as a number of type T; nothing when it is not one or has anything after it.
+template <class T>
+std::optional<T> as_number(std::string_view text) noexcept {
+  T v{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc{} || end != text.data() + text.size()) return std::nullopt;
+  return v;
+}
+
 std::optional<std::uint64_t> unit_multiplier(std::string_view suffix) noexcept {
   for (const auto& u : k_units) {
     if (iequals(suffix, u.suffix)) return u.multiplier;
@@ -552,24 +561,18 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
     } else if (iequals(v, "follow")) {
       result.reserve_follow = true;
     } else if (v.size() > 7 && iequals(v.substr(0, 7), "follow:")) {
-      const std::string_view num = trim(v.substr(7));
-      std::uint32_t n = 0;
-      const auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), n);
-      if (ec != std::errc{} || end != num.data() + num.size() || n > 32) {
-        reject(name, *reserve, "has no whole number from 0 to 32 after follow:", accepted);
-      }
+      const std::optional<std::uint32_t> n = as_number<std::uint32_t>(trim(v.substr(7)));
+      if (!n || *n > 32) reject(name, *reserve, "has no whole number from 0 to 32 after follow:", accepted);
       result.reserve_follow = true;
-      result.reserve_ahead = n;
+      result.reserve_ahead = *n;
     } else {
       reject(name, *reserve, "is neither peak nor follow", accepted);
     }
   }
   if (const auto split = given(row_split)) {
     const std::string_view text = trim(*split);
-    std::uint32_t n = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-    if (ec == std::errc{} && end == text.data() + text.size() && n >= 2 && n <= 1024) {
-      result.split = n;
+    if (const std::optional<std::uint32_t> n = as_number<std::uint32_t>(text); n && *n >= 2 && *n <= 1024) {
+      result.split = *n;
     } else if (one_of(text, k_yes_words)) {
       result.split = 4;
     } else if (one_of(text, k_no_words)) {
@@ -655,13 +658,11 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
     }
   }
   if (const auto oversize = given(row_oversize)) {
-    const std::string_view text = trim(*oversize);
-    double v = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (ec != std::errc{} || end != text.data() + text.size() || !(v >= 1.0 && v <= 16.0)) {
+    const std::optional<double> v = as_number<double>(trim(*oversize));
+    if (!v || !(*v >= 1.0 && *v <= 16.0)) {
       reject(k_settings[row_oversize].name, *oversize, "is not a number from 1 to 16", k_settings[row_oversize].accepted);
     }
-    result.oversize = v;
+    result.oversize = *v;
   }
   if (const auto writeback = given(row_writeback)) {
     const std::string_view v = trim(*writeback);

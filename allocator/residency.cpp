@@ -51,6 +51,17 @@
 //   without it, tick() makes a prefetch's chunk and enqueues each move's fences and copy or check (start_deferred);
 //   under the mutex again, end_start undoes a move whose copy failed to start.
 //
+// Note [Releasing spares outside the lock]
+//   A prefetch with no spare chunk of its size and no room in the budget releases spares of other sizes to make its
+//   room (claim_room, Note [Chunks]): each an unmap of its home, a release, 0.1-0.2 ms of driver calls on the H200.
+//   Made with the mutex held, in the policy's round, they were the round's longest part (~22 releases a step for the
+//   1.1B LoRA at 25%: `room_s` 2.2 ms a step, against 0.03 ms at 50%), and an allocation arriving meanwhile waited
+//   for all of them. So the round only takes those spares off the pool, their pages still counted as held
+//   (move::releasing); tick() frees them without the mutex, with the move's region busy, right before it creates the
+//   chunk in their room (start_prefetch_copy), and end_start gives back, under the mutex again, the pages they had
+//   beyond the chunk's (settle_room). The device never holds more than the budget: the spares are gone before the
+//   chunk is made. A segment's chunk (take_chunk_locked, the program's thread) frees them at once.
+//
 // Note [Chunks]
 //   A region's device memory is one physical allocation of its size (a chunk), not the allocator's 2 MiB pages
 //   (which slabs still use): VMM calls cost per mapping, not per byte. On the H100 (bench/vmm_sync_probe.py) a
@@ -277,6 +288,9 @@ struct host_backing {
   explicit operator bool() const noexcept { return handle != 0; }
 };
 
+// Spare chunks by size (Note [Chunks]).
+using spare_list = std::vector<std::pair<std::size_t, device_chunk>>;
+
 struct move {
   bool to_device = false;
   device_ptr shadow = 0;             // prefetch: the chunk's home VA; eviction: the host view
@@ -284,6 +298,11 @@ struct move {
   std::vector<event_handle> fences;  // recorded on the known streams before the copy
   event_handle done = nullptr;       // recorded on the copy stream after the copy
   device_chunk chunk;                // prefetch: the destination (none yet: room taken, created at the start)
+  std::size_t room = 0;              // prefetch: pages held for the chunk while it is not created (and beyond it)
+  spare_list releasing;              // prefetch: spares that make its room, freed before it is created
+  std::size_t extra = 0;             // ... their pages beyond the chunk's (Note [Releasing spares outside the lock])
+  std::int64_t freed = 0;            // ... the number freed so far
+  std::size_t lost = 0;              // ... the pages of one whose free failed
   bool cancelled = false;            // the region was freed (Note [Freeing a moved region])
   std::vector<stream_handle> fence_streams;  // streams to fence before the copy (none: Note [Unfenced prefetch])
   std::vector<event_handle> spare_fences;    // events reserved for start_copy
@@ -417,6 +436,10 @@ struct residency_engine::impl {
   stream_handle h2d = nullptr;
   std::vector<event_handle> spare_events;
   std::multimap<std::size_t, device_chunk> spare_chunks;  // bytes -> chunk backing no region (Note [Chunks])
+  // Pages held by prefetches beyond their chunks' (spares taken for their room, not given back yet), and those of
+  // spares whose free failed (Note [Releasing spares outside the lock]).
+  std::size_t extra_pages = 0;
+  std::size_t lost_pages = 0;
   std::size_t spare_bytes = 0;
   std::multimap<std::size_t, host_backing> spare_host;    // bytes -> pooled host backing (view still mapped)
   std::size_t host_bytes = 0;                              // host-located bytes in existence
@@ -523,10 +546,10 @@ struct residency_engine::impl {
     if (options.reserve_follow && !spare_chunks.contains(r.bytes) && unused_bytes() < r.bytes) {
       source.reclaim_idle_sized(r.bytes);
     }
-    bool ok = claim_chunk(r.bytes, m.chunk);
+    bool ok = claim_room(r.bytes, m);
     if (!ok && prefetch_urgent()) {
       source.reclaim_idle(r.npages);  // a chunk-backed idle segment leaves a spare chunk of its own size
-      ok = claim_chunk(r.bytes, m.chunk);
+      ok = claim_room(r.bytes, m);
     }
     st.room_us += elapsed_us(start);
     return ok;
@@ -538,19 +561,82 @@ struct residency_engine::impl {
     return std::none_of(moving.begin(), moving.end(), [](const swap_region* r) { return r->mv && r->mv->to_device; });
   }
   // A spare chunk of `bytes` (in `out`), else room in the budget for a new one (`out` left empty), spare chunks of
-  // other sizes released for it, largest first (fewest releases), when that makes the room. False otherwise, with
-  // none released (Note [Reclaiming for a prefetch]).
+  // other sizes released for it (mutex held) when that makes the room. False otherwise, with none released.
   bool claim_chunk(std::size_t bytes, device_chunk& out) {
-    for (;;) {
-      if (const std::optional<device_chunk> c = take_pooled(spare_chunks, bytes)) {
-        spare_bytes -= bytes;
-        out = *c;
-        return true;
-      }
-      if (source.take_room(bytes / gran)) return true;
-      if (free_pages() < bytes / gran) return false;
-      if (!release_largest_spare()) return false;
+    move m;
+    if (!claim_room(bytes, m)) return false;
+    try {
+      free_releasing(m);
+    } catch (...) {
+      settle_room(m);
+      throw;
     }
+    if (!m.chunk) m.room -= bytes / gran;  // the chunk's, until the caller creates it or gives it back
+    settle_room(m);
+    out = m.chunk;
+    return true;
+  }
+  // The destination of a chunk of `bytes` for `m`: a spare of its size (m.chunk), else room in the budget for a new
+  // one (m.room pages held), spare chunks of other sizes taken off the pool for it, largest first (fewest), when
+  // that makes the room: m.releasing, their pages still held, for free_releasing() to free before the chunk is
+  // created (Note [Releasing spares outside the lock]). False otherwise, with none taken (Note [Reclaiming for a
+  // prefetch]).
+  bool claim_room(std::size_t bytes, move& m) {
+    if (const std::optional<device_chunk> c = take_pooled(spare_chunks, bytes)) {
+      spare_bytes -= bytes;
+      m.chunk = *c;
+      return true;
+    }
+    const std::size_t need = bytes / gran;
+    if (source.take_room(need)) {
+      m.room = need;
+      return true;
+    }
+    if (free_pages() < need) return false;
+    std::size_t pending = 0;
+    while (unused_bytes() / gran + pending < need) {  // spares are left: free_pages() >= need
+      const auto largest = std::prev(spare_chunks.end());
+      pending += largest->first / gran;
+      spare_bytes -= largest->first;
+      m.releasing.push_back(*largest);
+      spare_chunks.erase(largest);
+    }
+    if (pending < need && !source.take_room(need - pending)) {  // the budget's books disagree: take nothing
+      for (const auto& [b, c] : m.releasing) add_spare(b, c);
+      m.releasing.clear();
+      return false;
+    }
+    st.chunks_released_for_size += static_cast<std::int64_t>(m.releasing.size());
+    m.room = pending < need ? need - pending : 0;
+    m.extra = pending + m.room - need;
+    extra_pages += m.extra;
+    return true;
+  }
+  // Frees the spares taken for m's room (driver calls only: without the mutex for the policy's prefetches). One
+  // whose free fails is lost with its pages still counted as held: the budget is never exceeded.
+  void free_releasing(move& m) {
+    while (!m.releasing.empty()) {
+      const auto [bytes, c] = m.releasing.back();
+      m.releasing.pop_back();
+      try {
+        free_chunk(bytes, c);
+      } catch (...) {
+        m.lost += bytes / gran;  // counted as held for good: the budget is never exceeded
+        throw;
+      }
+      m.room += bytes / gran;
+      ++m.freed;
+    }
+  }
+  // The books of free_releasing (mutex held): spares it did not reach back to the pool, the room beyond the chunk's
+  // given back (all of it when the chunk was never created).
+  void settle_room(move& m) {
+    for (const auto& [bytes, c] : m.releasing) add_spare(bytes, c);
+    m.releasing.clear();
+    st.chunks_released += std::exchange(m.freed, 0);
+    if (m.room != 0) source.give_room(std::exchange(m.room, 0));
+    extra_pages -= std::exchange(m.extra, 0);
+    lost_pages += std::exchange(m.lost, 0);
   }
   // Room for a chunk of another size: the largest spare released (fewest releases). False when there is none.
   bool release_largest_spare() {
@@ -617,12 +703,9 @@ struct residency_engine::impl {
   void forget(swap_region& r);
   // A prefetch's destination that it no longer needs: a spare chunk, or room never used.
   void drop_destination(const swap_region& r, move& m) {
-    if (m.chunk) {
-      add_spare(r.bytes, m.chunk);
-    } else {
-      source.give_room(r.npages);
-    }
+    if (m.chunk) add_spare(r.bytes, m.chunk);
     m.chunk = {};
+    settle_room(m);
   }
 
   // Host backing of `bytes`: a pooled one of that size, else a new one within LAYERSWAP_HOST_LIMIT (pooled ones
@@ -1007,7 +1090,7 @@ struct residency_engine::impl {
       end_start(r);
       throw;
     }
-    publish_hold(r, *r.mv);
+    end_start(r);  // its books, and its hold
     return true;
   }
 
@@ -1017,7 +1100,11 @@ struct residency_engine::impl {
     const scoped_ns_timer timed(remap_ns);
     const scoped_ns_timer part(stage_ns);
     move& m = *r.mv;
-    if (!m.chunk) m.chunk = make_chunk(r.bytes, true);
+    if (!m.chunk) {
+      free_releasing(m);  // Note [Releasing spares outside the lock]: the room first
+      m.chunk = make_chunk(r.bytes, true);
+      m.room -= r.npages;
+    }
     if (!m.chunk.home) add_home(m.chunk, r.bytes);
     m.shadow = m.chunk.home;
     start_copy(r, m, h2d);
@@ -1031,7 +1118,10 @@ struct residency_engine::impl {
     }
     move& m = *r.mv;
     if (m.done) {
-      if (m.to_device) publish_hold(r, m);
+      if (m.to_device) {
+        settle_room(m);  // the released spares' pages beyond the chunk's
+        publish_hold(r, m);
+      }
       return;
     }
     if (m.to_device) drop_destination(r, m);
@@ -1909,10 +1999,12 @@ std::size_t residency_engine::evictable_pages_locked() const noexcept {
   return n;
 }
 
-std::size_t residency_engine::own_pages_locked() const noexcept { return impl_->flags ? 1 : 0; }
+std::size_t residency_engine::own_pages_locked() const noexcept {
+  return (impl_->flags ? 1 : 0) + impl_->lost_pages;
+}
 
 std::size_t residency_engine::inflight_pages_locked() const noexcept {
-  std::size_t n = 0;
+  std::size_t n = impl_->extra_pages;  // given back when their prefetches' starts end
   for (const auto& [id, r] : impl_->regions) {
     if (r->mv && r->mv->to_device) n += r->npages;  // its chunk, or the room taken for it
   }

@@ -248,8 +248,11 @@ class residency_engine {
   // Releases spare chunks worth at least `pages` pages, or all of them (no host wait: nothing pending touches
   // them). Returns the pages given back.
   std::size_t release_spare_locked(std::size_t pages = SIZE_MAX);
-  [[nodiscard]] std::size_t inflight_pages_locked() const noexcept;  // taken by prefetches in flight (chunks)
-  [[nodiscard]] std::size_t own_pages_locked() const noexcept;  // the engine's own (the hold flags: residency.cpp)
+  // Taken by prefetches in flight: their chunks, and spares taken for their room (residency.cpp, Note [Releasing
+  // spares outside the lock]).
+  [[nodiscard]] std::size_t inflight_pages_locked() const noexcept;
+  // The engine's own: the hold flags, and spares whose release failed (residency.cpp).
+  [[nodiscard]] std::size_t own_pages_locked() const noexcept;
   [[nodiscard]] region_residency state_locked(const swap_region* r) const noexcept;
   [[nodiscard]] residency_stats stats_locked() const;
   // Checks the engine's invariants; returns "" or the first violation.

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -503,14 +504,27 @@ class faulty_driver final : public driver {
  public:
   explicit faulty_driver(sim_driver& sim) : sim_(sim) {}
   int fail_copies = 0;
+  int fail_releases = 0;  // release() throws while positive
+  std::function<void(std::size_t, memory_location)> on_create;  // before each create
+  std::function<void(phys_handle)> on_release;                   // before each release
   [[nodiscard]] int device() const noexcept override { return sim_.device(); }
   [[nodiscard]] std::size_t granularity() override { return sim_.granularity(); }
   [[nodiscard]] std::size_t total_memory() override { return sim_.total_memory(); }
   [[nodiscard]] std::size_t free_memory() override { return sim_.free_memory(); }
   [[nodiscard]] device_ptr reserve(std::size_t b, std::size_t a) override { return sim_.reserve(b, a); }
   void unreserve(device_ptr va, std::size_t b) override { sim_.unreserve(va, b); }
-  [[nodiscard]] phys_handle create(std::size_t b, memory_location w) override { return sim_.create(b, w); }
-  void release(phys_handle h) override { sim_.release(h); }
+  [[nodiscard]] phys_handle create(std::size_t b, memory_location w) override {
+    if (on_create) on_create(b, w);
+    return sim_.create(b, w);
+  }
+  void release(phys_handle h) override {
+    if (on_release) on_release(h);
+    if (fail_releases > 0) {
+      --fail_releases;
+      throw cuda_error(999, "faulty_driver: release failed on purpose");
+    }
+    sim_.release(h);
+  }
   void map(device_ptr va, std::size_t b, phys_handle h, std::size_t o) override { sim_.map(va, b, h, o); }
   void unmap(device_ptr va, std::size_t b) override { sim_.unmap(va, b); }
   void set_access(device_ptr va, std::size_t b) override { sim_.set_access(va, b); }
@@ -1177,6 +1191,110 @@ TEST(Residency, APrefetchReleasesNoSpareThatCannotMakeItsRoom) {
   for (void* p : {x, w, a, c1, c2, y}) h.alloc.deallocate(p);
   h.alloc.empty_cache();
   h.expect_clean();
+}
+
+// Note [Releasing spares outside the lock]: a policy prefetch whose room is a spare chunk of another size frees that
+// spare without the allocator's mutex, before it creates its own chunk (the device never holds more than the
+// budget), and gives back what the spare had beyond its chunk.
+TEST(Residency, APolicyPrefetchReleasesSparesWithoutTheMutex) {
+  fixed_forecast f;  // outlives the allocator
+  sim_driver sim(harness::make_sim(true, true));
+  faulty_driver port(sim);
+  caching_allocator alloc(port, harness::make_options(16 * MiB, false, true, true));
+  const auto written = [&](std::size_t bytes, std::uint8_t v) {
+    void* p = alloc.allocate(bytes, nullptr);
+    sim.launch(nullptr, {{reinterpret_cast<device_ptr>(p), bytes, true, v}});
+    return p;
+  };
+  const auto evicted = [&](std::size_t bytes, std::uint8_t v) {
+    void* p = written(bytes, v);
+    EXPECT_TRUE(alloc.request_evict(p));
+    alloc.residency_tick();
+    EXPECT_EQ(alloc.residency_of(p), region_residency::host);
+    return p;
+  };
+  void* x = evicted(8 * MiB, 0x21);  // a spare of 8 MiB
+  void* w = evicted(4 * MiB, 0x22);  // ... and one of 4 MiB
+  void* a = written(4 * MiB, 0x23);  // takes w's chunk
+  void* c = written(4 * MiB, 0x24);  // 16 MiB held: 8 MiB of it the spare
+  ASSERT_EQ(alloc.residency().spare_bytes, static_cast<std::int64_t>(8 * MiB));
+  ASSERT_EQ(alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
+  int releases = 0, held_releases = 0, creates = 0;
+  std::size_t most_live = 0;
+  std::vector<std::future<void>> probes;
+  const auto mutex_taken = [&] {  // whether another thread finds the allocator's mutex taken for a second
+    auto probe = std::async(std::launch::async, [&] { alloc.with_lock_for_test([] {}); });
+    const bool taken = probe.wait_for(std::chrono::seconds(1)) != std::future_status::ready;
+    probes.push_back(std::move(probe));  // a taken one completes once the tick lets the mutex go
+    return taken;
+  };
+  port.on_release = [&](phys_handle) {
+    ++releases;
+    if (mutex_taken()) ++held_releases;
+  };
+  port.on_create = [&](std::size_t bytes, memory_location where) {
+    if (where != memory_location::device) return;
+    ++creates;
+    most_live = std::max(most_live, sim.live_device_bytes() + bytes);
+  };
+  alloc.set_forecast_source(&f);
+  f.set({harness::id_of(w)});
+  alloc.residency_tick();  // the policy prefetches w: room from the 8 MiB spare
+  port.on_release = nullptr;
+  port.on_create = nullptr;
+  for (auto& p : probes) p.get();
+  EXPECT_EQ(releases, 1) << "the 8 MiB spare, once";
+  EXPECT_EQ(held_releases, 0) << "the spare was released with the allocator's mutex held";
+  EXPECT_EQ(creates, 1) << "w's chunk";
+  EXPECT_LE(most_live, 16 * MiB) << "w's chunk was created before the spare was released";
+  for (int i = 0; i < 4 && alloc.residency_of(w) != region_residency::device; ++i) alloc.residency_tick();
+  ASSERT_EQ(alloc.residency_of(w), region_residency::device);
+  const residency_stats st = alloc.residency();
+  EXPECT_EQ(st.spare_bytes, 0);
+  EXPECT_EQ(st.chunks_released_for_size, 1);
+  EXPECT_EQ(alloc.stats().device_bytes.current, static_cast<std::int64_t>(12 * MiB)) << "the 4 MiB beyond w's chunk";
+  EXPECT_TRUE(sim_holds(sim, w, 4 * MiB, 0x22));
+  EXPECT_TRUE(sim_holds(sim, x, 8 * MiB, 0x21));
+  EXPECT_NO_THROW(alloc.verify());
+  alloc.set_forecast_source(nullptr);
+  for (void* p : {x, w, a, c}) alloc.deallocate(p);
+  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+}
+
+// ... and when that release fails, the prefetch is undone: the region stays on the host, whole, and the spare's pages
+// stay counted as held (whatever the driver did with them, the budget is never exceeded); the books still add up.
+TEST(Residency, APrefetchWhoseSpareFailsToReleaseIsUndone) {
+  fixed_forecast f;  // outlives the allocator
+  sim_driver sim(harness::make_sim(true, true));
+  faulty_driver port(sim);
+  caching_allocator alloc(port, harness::make_options(16 * MiB, false, true, true));
+  std::vector<void*> held;
+  for (const auto& [bytes, v] : {std::pair{8 * MiB, 0x31}, std::pair{4 * MiB, 0x32}}) {
+    held.push_back(alloc.allocate(bytes, nullptr));
+    sim.launch(nullptr, {{reinterpret_cast<device_ptr>(held.back()), bytes, true, static_cast<std::uint8_t>(v)}});
+    ASSERT_TRUE(alloc.request_evict(held.back()));
+    alloc.residency_tick();
+  }
+  void* w = held.back();
+  for (int i = 0; i < 2; ++i) held.push_back(alloc.allocate(4 * MiB, nullptr));  // the 4 MiB spare, then new
+  ASSERT_EQ(alloc.residency().spare_bytes, static_cast<std::int64_t>(8 * MiB));
+  alloc.set_forecast_source(&f);
+  f.set({harness::id_of(w)});
+  port.fail_releases = 1;
+  EXPECT_THROW(alloc.residency_tick(), cuda_error);
+  EXPECT_EQ(alloc.residency_of(w), region_residency::host);
+  EXPECT_NO_THROW(alloc.verify());
+  EXPECT_EQ(alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB)) << "the spare's pages, still held";
+  for (int i = 0; i < 4; ++i) alloc.residency_tick();
+  EXPECT_EQ(alloc.residency_of(w), region_residency::host) << "no room is left for it";
+  EXPECT_TRUE(sim_holds(sim, w, 4 * MiB, 0x32));
+  EXPECT_TRUE(sim_holds(sim, held[0], 8 * MiB, 0x31));
+  EXPECT_LE(sim.live_device_bytes(), 16 * MiB);
+  EXPECT_NO_THROW(alloc.verify());
+  alloc.set_forecast_source(nullptr);
+  for (void* p : held) alloc.deallocate(p);
+  EXPECT_NO_THROW(alloc.verify());
+  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
 }
 
 // Note [Cache reserve]: an allocation that finds no cached segment of its size and destroys another's grows the

@@ -1682,6 +1682,7 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
     sum.cache_misses += st.cache_misses;
     sum.cache_reserve_bytes = std::max(sum.cache_reserve_bytes, st.cache_reserve_bytes);
     sum.reserve_followed += st.reserve_followed;
+    sum.chunks_released_for_size += st.chunks_released_for_size;
   }
   std::printf("  swapped: %lld evictions (%lld synchronous), %lld prefetches, %lld abandoned, %lld cancelled\n",
               static_cast<long long>(sum.evictions), static_cast<long long>(sum.stall_evictions),
@@ -1689,12 +1690,16 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
               static_cast<long long>(sum.cancelled));
   std::printf("  write-backs: %lld checked, %lld skipped (clean); oversize reuses: %lld; composites: %lld; splits: "
               "%lld (home segments %lld); cache misses %lld, largest cache reserve at a seed's end %lld bytes; rounds "
-              "with a following reserve %lld\n",
+              "with a following reserve %lld; spare chunks released for another size %lld\n",
               static_cast<long long>(sum.writeback_checked), static_cast<long long>(sum.writeback_skipped),
               static_cast<long long>(reuses), static_cast<long long>(composites), static_cast<long long>(splits),
               static_cast<long long>(homes), static_cast<long long>(sum.cache_misses),
-              static_cast<long long>(sum.cache_reserve_bytes), static_cast<long long>(sum.reserve_followed));
+              static_cast<long long>(sum.cache_reserve_bytes), static_cast<long long>(sum.reserve_followed),
+              static_cast<long long>(sum.chunks_released_for_size));
   EXPECT_GT(sum.evictions, 0);
+  // Note [Releasing spares outside the lock]: the random sizes make prefetches release spares of other sizes, so the
+  // budget and lost-write checks cover the policy's frees without the mutex.
+  EXPECT_GT(sum.chunks_released_for_size, 0);
   EXPECT_GT(sum.prefetches, 0);
   // Note [Write-back]: the random traces leave some regions unwritten between a prefetch and an eviction and write
   // others; both sides of the check must be exercised for the lost-write checks above to cover the skip. With the

@@ -60,7 +60,10 @@
 //   (move::releasing); tick() frees them without the mutex, with the move's region busy, right before it creates the
 //   chunk in their room (start_prefetch_copy), and end_start gives back, under the mutex again, the pages they had
 //   beyond the chunk's (settle_room). The device never holds more than the budget: the spares are gone before the
-//   chunk is made. A segment's chunk (take_chunk_locked, the program's thread) frees them at once.
+//   chunk is made. A segment's chunk (take_chunk_locked, the program's thread) frees them at once. On the H200
+//   (1.1B LoRA, interleaved against the code before, three calls, session 29): at 25% the program's waits for the
+//   mutex fell from 3.1-4.2 to 1.1-1.9 ms a step (what the tracker alone leaves with nothing to move), the rounds'
+//   hold from 6.6-7.9 to 4.5-6.1 ms; at 10% the waits fell from 6.3 to 1.8 ms. The steps were within the noise.
 //
 // Note [Chunks]
 //   A region's device memory is one physical allocation of its size (a chunk), not the allocator's 2 MiB pages

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "runtime/cuda_driver.hpp"
+#include "runtime/driver_calls.hpp"
 #include "runtime/error.hpp"
 #include "runtime/log.hpp"
 
@@ -44,6 +45,7 @@ config parse_locked(registry_state& s) {
 
 void apply_locked(registry_state& s, config c) {
   set_log_level(c.log);
+  driver_calls::set_program_first(c.program_first);
   for (const std::string& u : c.unknown) LAYERSWAP_LOG(warn, "%s", u.c_str());
   s.cfg = std::move(c);
 }

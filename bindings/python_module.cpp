@@ -197,6 +197,7 @@ PYBIND11_MODULE(_C, m) {
     out["LAYERSWAP_OVERSIZE"] = std::string(oversize, std::to_chars(oversize, oversize + sizeof oversize, c.oversize).ptr);
     out["LAYERSWAP_CACHE_RESERVE"] = cache_reserve_text(c);
     out["LAYERSWAP_RESERVE"] = reserve_text(c);
+    out["LAYERSWAP_PROGRAM_FIRST"] = c.program_first ? "1" : "0";
     return out;
   }, "The settings in force, by variable name.");
   m.def("describe_config", [] { return global_config().describe(); });

@@ -27,7 +27,7 @@ namespace {
 enum row : std::size_t {
   row_enable, row_budget, row_log, row_stats, row_va_reserve, row_track, row_track_api, row_trace,
   row_prefetch, row_pin, row_host_limit, row_hold, row_writeback, row_oversize, row_cache_reserve,
-  row_composites, row_split, row_reclaim, row_reserve, row_count
+  row_composites, row_split, row_reclaim, row_reserve, row_program_first, row_count
 };
 
 constexpr setting_info k_settings[row_count] = {
@@ -92,6 +92,10 @@ constexpr setting_info k_settings[row_count] = {
      "amount seen at any moment of a step; follow, the largest seen in the part of the learned step just ahead (N "
      "64ths of it after the current one, 4 with follow), so that weights fill what the activations leave between "
      "their peaks"},
+    {"LAYERSWAP_PROGRAM_FIRST", "1", "0 or 1 (also true/false, on/off, yes/no)",
+     "The program's driver calls that make and free device memory go before the migration thread's: it waits before "
+     "each of its calls while one is in progress (0: the driver's own order, in which those calls could wait "
+     "milliseconds behind the migration thread's remaps)"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";
@@ -487,6 +491,7 @@ std::string config::describe() const {
   line(row_split, split == 0 ? "0" : std::to_string(split), "  (default)");
   line(row_reclaim, reclaim_fit ? "fit" : "oldest", "  (default)");
   line(row_reserve, reserve_text(*this), "  (default)");
+  line(row_program_first, program_first ? "1" : "0", "  (default)");
   for (const auto& message : unknown) {
     out += message;
     out += '\n';
@@ -539,6 +544,9 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
   if (const auto level = given(row_log)) result.log = parse_log_level(k_settings[row_log].name, *level);
   if (const auto stats = given(row_stats)) result.stats = parse_bool(k_settings[row_stats].name, *stats);
   if (const auto hold = given(row_hold)) result.hold = parse_bool(k_settings[row_hold].name, *hold);
+  if (const auto first = given(row_program_first)) {
+    result.program_first = parse_bool(k_settings[row_program_first].name, *first);
+  }
   if (const auto composites = given(row_composites)) {
     result.composites = parse_bool(k_settings[row_composites].name, *composites);
   }

@@ -62,6 +62,9 @@ struct config {
   std::size_t pin_bytes = 0;
   std::size_t host_limit = 0;    // LAYERSWAP_HOST_LIMIT: host bytes backing swapped-out regions; 0 = no cap
   bool hold = false;             // LAYERSWAP_HOLD: hold launches on the GPU for prefetches (residency_gate.hpp)
+  // LAYERSWAP_PROGRAM_FIRST: the program's VMM calls before the migration thread's (runtime/driver_calls.hpp, Note
+  // [Program first]).
+  bool program_first = true;
   bool writeback_always = false;  // LAYERSWAP_WRITEBACK=always: no skip of clean write-backs (residency.cpp)
   // LAYERSWAP_OVERSIZE: under the budget's pressure, a large allocation takes an idle segment up to this many times
   // its size before reclaiming the cache (caching_allocator.cpp, Note [Oversize reuse]); 1 = off.

@@ -354,7 +354,7 @@ class cuda_driver final : public driver {
   [[nodiscard]] std::size_t total_memory() override { return total_; }
 
   [[nodiscard]] std::size_t free_memory() override {
-    const driver_calls::timer timing(driver_calls::kind::other);
+    const driver_calls::call timing(driver_calls::kind::other);
     context_scope scope(primary_);
     std::size_t free = 0;
     std::size_t total = 0;
@@ -363,7 +363,7 @@ class cuda_driver final : public driver {
   }
 
   [[nodiscard]] device_ptr reserve(std::size_t bytes, std::size_t alignment) override {
-    const driver_calls::timer timing(driver_calls::kind::reserve);
+    const driver_calls::call timing(driver_calls::kind::reserve);
     context_scope scope(primary_);
     CUdeviceptr va = 0;
     check(api().mem_address_reserve(&va, bytes, alignment, 0, 0), [&] {
@@ -374,14 +374,14 @@ class cuda_driver final : public driver {
   }
 
   void unreserve(device_ptr va, std::size_t bytes) override {
-    const driver_calls::timer timing(driver_calls::kind::reserve);
+    const driver_calls::call timing(driver_calls::kind::reserve);
     context_scope scope(primary_);
     check(api().mem_address_free(va, bytes),
           [&] { return strprintf("cuMemAddressFree(va=0x%llx, %s)", hex(va), format_bytes(bytes).c_str()); });
   }
 
   [[nodiscard]] phys_handle create(std::size_t bytes, memory_location where) override {
-    const driver_calls::timer timing(driver_calls::kind::create);
+    const driver_calls::call timing(driver_calls::kind::create);
     context_scope scope(primary_);
     const entry_points& fn = api();
     CUmemAllocationProp prop{};
@@ -424,14 +424,14 @@ class cuda_driver final : public driver {
   }
 
   void release(phys_handle handle) override {
-    const driver_calls::timer timing(driver_calls::kind::release);
+    const driver_calls::call timing(driver_calls::kind::release);
     context_scope scope(primary_);
     check(api().mem_release(static_cast<CUmemGenericAllocationHandle>(handle)),
           [&] { return strprintf("cuMemRelease(handle=0x%llx)", hex(handle)); });
   }
 
   void map(device_ptr va, std::size_t bytes, phys_handle handle, std::size_t offset) override {
-    const driver_calls::timer timing(driver_calls::kind::map);
+    const driver_calls::call timing(driver_calls::kind::map);
     context_scope scope(primary_);
     check(api().mem_map(va, bytes, offset, static_cast<CUmemGenericAllocationHandle>(handle), 0), [&] {
       return strprintf("cuMemMap(va=0x%llx, %s, handle=0x%llx, offset=%s)", hex(va), format_bytes(bytes).c_str(),
@@ -440,14 +440,14 @@ class cuda_driver final : public driver {
   }
 
   void unmap(device_ptr va, std::size_t bytes) override {
-    const driver_calls::timer timing(driver_calls::kind::unmap);
+    const driver_calls::call timing(driver_calls::kind::unmap);
     context_scope scope(primary_);
     check(api().mem_unmap(va, bytes),
           [&] { return strprintf("cuMemUnmap(va=0x%llx, %s)", hex(va), format_bytes(bytes).c_str()); });
   }
 
   void set_access(device_ptr va, std::size_t bytes) override {
-    const driver_calls::timer timing(driver_calls::kind::set_access);
+    const driver_calls::call timing(driver_calls::kind::set_access);
     context_scope scope(primary_);
     CUmemAccessDesc desc{};
     desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -473,7 +473,7 @@ class cuda_driver final : public driver {
   }
 
   void synchronize(stream_handle stream) override {
-    const driver_calls::timer timing(driver_calls::kind::other);
+    const driver_calls::call timing(driver_calls::kind::other);
     context_scope scope(primary_);
     check(api().stream_synchronize(to_stream(stream)), [&] { return strprintf("cuStreamSynchronize(stream=%p)", stream); });
   }
@@ -492,14 +492,14 @@ class cuda_driver final : public driver {
   }
 
   void record(event_handle event, stream_handle stream) override {
-    const driver_calls::timer timing(driver_calls::kind::record);
+    const driver_calls::call timing(driver_calls::kind::record);
     context_scope scope(primary_);
     check(api().event_record(to_event(event), to_stream(stream)),
           [&] { return strprintf("cuEventRecord(event=%p, stream=%p)", event, stream); });
   }
 
   [[nodiscard]] bool query(event_handle event) override {
-    const driver_calls::timer timing(driver_calls::kind::query);
+    const driver_calls::call timing(driver_calls::kind::query);
     context_scope scope(primary_);
     const CUresult r = api().event_query(to_event(event));
     if (r == CUDA_SUCCESS) return true;
@@ -509,20 +509,20 @@ class cuda_driver final : public driver {
   }
 
   void wait(event_handle event) override {
-    const driver_calls::timer timing(driver_calls::kind::other);
+    const driver_calls::call timing(driver_calls::kind::other);
     context_scope scope(primary_);
     check(api().event_synchronize(to_event(event)), [&] { return strprintf("cuEventSynchronize(event=%p)", event); });
   }
 
   void stream_wait(stream_handle stream, event_handle event) override {
-    const driver_calls::timer timing(driver_calls::kind::stream_wait);
+    const driver_calls::call timing(driver_calls::kind::stream_wait);
     context_scope scope(primary_);
     check(api().stream_wait_event(to_stream(stream), to_event(event), 0),
           [&] { return strprintf("cuStreamWaitEvent(stream=%p, event=%p)", stream, event); });
   }
 
   void stream_write_value(stream_handle stream, device_ptr addr, std::uint32_t value) override {
-    const driver_calls::timer timing(driver_calls::kind::write_value);
+    const driver_calls::call timing(driver_calls::kind::write_value);
     context_scope scope(primary_);
     const auto fn = api().stream_write_value;
     check(fn ? fn(to_stream(stream), addr, value, CU_STREAM_WRITE_VALUE_DEFAULT) : CUDA_ERROR_NOT_SUPPORTED,
@@ -530,7 +530,7 @@ class cuda_driver final : public driver {
   }
 
   void stream_wait_value(stream_handle stream, device_ptr addr, std::uint32_t value) override {
-    const driver_calls::timer timing(driver_calls::kind::write_value);
+    const driver_calls::call timing(driver_calls::kind::write_value);
     context_scope scope(primary_);
     const auto fn = api().stream_wait_value;
     check(fn ? fn(to_stream(stream), addr, value, CU_STREAM_WAIT_VALUE_GEQ) : CUDA_ERROR_NOT_SUPPORTED,
@@ -538,7 +538,7 @@ class cuda_driver final : public driver {
   }
 
   void copy_async(device_ptr dst, device_ptr src, std::size_t bytes, stream_handle stream) override {
-    const driver_calls::timer timing(driver_calls::kind::copy);
+    const driver_calls::call timing(driver_calls::kind::copy);
     context_scope scope(primary_);
     check(api().memcpy_async(dst, src, bytes, to_stream(stream)), [&] {
       return strprintf("cuMemcpyAsync(dst=0x%llx, src=0x%llx, %s, stream=%p)", hex(dst), hex(src),
@@ -562,7 +562,7 @@ class cuda_driver final : public driver {
   }
 
   void digest_async(device_ptr va, std::size_t bytes, std::uint64_t* out, stream_handle stream) override {
-    const driver_calls::timer timing(driver_calls::kind::digest);
+    const driver_calls::call timing(driver_calls::kind::digest);
     const auto what = [&] {
       return strprintf("digest_async(va=0x%llx, %s, stream=%p)", hex(va), format_bytes(bytes).c_str(), stream);
     };

@@ -1,8 +1,15 @@
 #include "runtime/driver_calls.hpp"
 
+#include <thread>
+
+#include "runtime/spin.hpp"
+
 namespace layerswap::driver_calls {
 namespace {
 thread_local int t_role = 0;
+std::atomic<bool> g_program_first{true};
+std::atomic<int> g_program_calls{0};  // Note [Program first]: the program's VMM calls in progress
+constexpr int k_spins = 256;           // pauses before the engine's wait yields its core
 }  // namespace
 
 counters& global() noexcept {
@@ -13,5 +20,36 @@ counters& global() noexcept {
 int this_thread_role() noexcept { return t_role; }
 
 void set_engine_thread() noexcept { t_role = 1; }
+
+void set_program_first(bool on) noexcept { g_program_first.store(on, std::memory_order_relaxed); }
+bool program_first() noexcept { return g_program_first.load(std::memory_order_relaxed); }
+int program_calls_in_progress() noexcept { return g_program_calls.load(std::memory_order_relaxed); }
+
+// Note [Program first]. The count is seq_cst on both sides: the engine, having read 0, may still meet a program
+// call in the driver (that call then waits for the engine's one call), but it starts no call after reading a
+// raised count.
+bool call::take_turn(kind k) noexcept {
+  if (!g_program_first.load(std::memory_order_relaxed)) return false;
+  if (t_role == 0) {
+    if (!vmm_kind(k)) return false;
+    g_program_calls.fetch_add(1);
+    return true;
+  }
+  if (g_program_calls.load() == 0) return false;
+  const timer waited(kind::turn_wait);
+  for (int spins = 0; g_program_calls.load() != 0; ++spins) {
+    if (spins < k_spins) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+  return false;
+}
+
+// Lowered as soon as the driver call has returned: the timer, a member, counts the call after this body.
+call::~call() {
+  if (raised_) g_program_calls.fetch_sub(1);
+}
 
 }  // namespace layerswap::driver_calls

@@ -1,7 +1,24 @@
 // Counts and times of the CUDA driver port's calls (runtime/cuda_driver.cpp), split by caller: the residency
 // engine's migration thread, and every other thread (the program's allocations and frees). A measurement aid:
 // the driver serializes much of its work behind locks the program's launches take too, so what the migration
-// thread spends in the driver can slow the launching threads (bench/vmm_interference_probe.py).
+// thread spends in the driver can slow the launching threads (bench/vmm_interference_probe.py). And the order
+// of the two callers' calls (Note [Program first]).
+//
+// Note [Program first]
+//   The driver runs one thread's VMM calls (create, release, map, unmap, set access, reserve) at a time, and not
+//   in the order they came: a thread that makes them back to back keeps the driver's lock, and another thread's
+//   call waits until it pauses. On the H200 (bench/vmm_concurrency_probe.cpp, bench/results/vmm_concurrency_s30.json)
+//   a thread remapping 22 MiB between two chunks took 38-47 us alone and 5-23 ms on average (p99 56-120 ms) while
+//   another thread remapped regions between host pages and chunks without pause, as the migration thread does
+//   through a step's evictions and prefetches (host remaps, 8-13 us per MiB). So a program thread that makes or
+//   frees a segment (the allocator's calls under its mutex, with the step waiting) could wait milliseconds behind
+//   the engine's remaps. With program_first (LAYERSWAP_PROGRAM_FIRST=1, the default) a program thread announces each
+//   VMM call (a count raised before it and lowered after), and the migration thread, before each of its driver
+//   calls, waits while the count is raised: a program's call waits for at most the one call the engine has in the
+//   driver (in the probe: 182-210 us on average, p99 0.36-0.42 ms). Only the program's VMM calls raise the count:
+//   they never wait for the GPU, so they end without the engine's help, and the engine's wait ends. Its other calls
+//   (event waits among them, which may wait for launches that wait for a prefetch) raise nothing. The engine's
+//   waits are counted as calls of kind turn_wait.
 #pragma once
 
 #include <array>
@@ -12,14 +29,21 @@
 
 namespace layerswap::driver_calls {
 
+// turn_wait is no call: the engine's waits for the program's VMM calls (Note [Program first]).
 enum class kind : std::uint8_t {
   create, release, map, unmap, set_access, reserve, record, query, stream_wait, copy, digest, write_value, other,
-  count_
+  turn_wait, count_
 };
 inline constexpr std::size_t k_kinds = static_cast<std::size_t>(kind::count_);
 inline constexpr std::array<const char*, k_kinds> k_names = {
     "create", "release", "map", "unmap", "set_access", "reserve", "record", "query", "stream_wait", "copy", "digest",
-    "write_value", "other"};
+    "write_value", "other", "turn_wait"};
+
+// The VMM calls: the ones the driver serializes between threads (Note [Program first]).
+[[nodiscard]] constexpr bool vmm_kind(kind k) noexcept {
+  return k == kind::create || k == kind::release || k == kind::map || k == kind::unmap || k == kind::set_access ||
+         k == kind::reserve;
+}
 
 struct counters {
   std::atomic<std::uint64_t> calls[2][k_kinds] = {};
@@ -30,6 +54,12 @@ counters& global() noexcept;
 int this_thread_role() noexcept;
 // The calling thread's driver calls count as the engine's from now on (the migration thread, once).
 void set_engine_thread() noexcept;
+
+// Note [Program first]: on (the default) or off, process-wide. Safe to change at any time.
+void set_program_first(bool on) noexcept;
+[[nodiscard]] bool program_first() noexcept;
+// The program's VMM calls in progress (raised by `call`).
+[[nodiscard]] int program_calls_in_progress() noexcept;
 
 // Times one driver call from construction to destruction.
 class timer {
@@ -48,6 +78,21 @@ class timer {
  private:
   kind k_;
   std::uint64_t start_;
+};
+
+// One driver call: its turn (Note [Program first]), then its timer. On the engine's thread the constructor waits
+// while a program thread is in a VMM call; on a program thread a VMM call raises the count until destruction.
+class call {
+ public:
+  explicit call(kind k) noexcept : raised_(take_turn(k)), timing_(k) {}
+  ~call();
+  call(const call&) = delete;
+  call& operator=(const call&) = delete;
+
+ private:
+  static bool take_turn(kind k) noexcept;
+  bool raised_;
+  timer timing_;  // started after the turn: an engine call's time leaves out its wait (kind turn_wait)
 };
 
 struct row {

@@ -64,7 +64,7 @@ std::string config_error_of(const vars& v) {
 
 TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   const auto table = settings_table();
-  ASSERT_EQ(table.size(), 19u);
+  ASSERT_EQ(table.size(), 20u);
   std::vector<std::string> names;
   for (const auto& info : table) {
     names.emplace_back(info.name);
@@ -76,7 +76,7 @@ TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
                                              "LAYERSWAP_PREFETCH", "LAYERSWAP_PIN", "LAYERSWAP_HOST_LIMIT", "LAYERSWAP_HOLD",
                                              "LAYERSWAP_WRITEBACK", "LAYERSWAP_OVERSIZE",
                                              "LAYERSWAP_CACHE_RESERVE", "LAYERSWAP_COMPOSITES", "LAYERSWAP_SPLIT",
-                                             "LAYERSWAP_RECLAIM", "LAYERSWAP_RESERVE"}));
+                                             "LAYERSWAP_RECLAIM", "LAYERSWAP_RESERVE", "LAYERSWAP_PROGRAM_FIRST"}));
   EXPECT_STREQ(row("LAYERSWAP").default_value, "0");
   EXPECT_STREQ(row("LAYERSWAP_BUDGET").default_value, "none");
   EXPECT_STREQ(row("LAYERSWAP_LOG").default_value, "warn");
@@ -540,7 +540,8 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_COMPOSITES=0  (default)\n"
             "LAYERSWAP_SPLIT=0  (default)\n"
             "LAYERSWAP_RECLAIM=fit  (default)\n"
-            "LAYERSWAP_RESERVE=peak  (default)\n");
+            "LAYERSWAP_RESERVE=peak  (default)\n"
+            "LAYERSWAP_PROGRAM_FIRST=1  (default)\n");
 }
 
 TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
@@ -569,6 +570,7 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_SPLIT=0  (default)\n"
             "LAYERSWAP_RECLAIM=fit  (default)\n"
             "LAYERSWAP_RESERVE=peak  (default)\n"
+            "LAYERSWAP_PROGRAM_FIRST=1  (default)\n"
             "unknown setting LAYERSWAP_BUGDET=1 (did you mean LAYERSWAP_BUDGET?)\n");
 }
 
@@ -736,6 +738,10 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_OVERSIZE", "1.5"}}).oversize, 1.5);
   EXPECT_NE(parse_config(vars{{"LAYERSWAP_OVERSIZE", "1.5"}}).describe().find("LAYERSWAP_OVERSIZE=1.5\n"),
             std::string::npos);
+  EXPECT_TRUE(parse_config(vars{}).program_first);
+  EXPECT_FALSE(parse_config(vars{{"LAYERSWAP_PROGRAM_FIRST", " off "}}).program_first);
+  EXPECT_NE(parse_config(vars{{"LAYERSWAP_PROGRAM_FIRST", "0"}}).describe().find("LAYERSWAP_PROGRAM_FIRST=0\n"),
+            std::string::npos);
   EXPECT_FALSE(parse_config(vars{}).composites);
   EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_COMPOSITES", " on "}}).composites);
   EXPECT_NE(parse_config(vars{{"LAYERSWAP_COMPOSITES", "1"}}).describe().find("LAYERSWAP_COMPOSITES=1\n"),
@@ -798,7 +804,8 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
            {"LAYERSWAP_OVERSIZE", "inf"}, {"LAYERSWAP_OVERSIZE", "2x"}, {"LAYERSWAP_OVERSIZE", "0x2"},
            {"LAYERSWAP_PREFETCH", "0"}, {"LAYERSWAP_PREFETCH", "many"}, {"LAYERSWAP_PIN", "middle:2"},
            {"LAYERSWAP_PIN", "first:x"}, {"LAYERSWAP_PIN", "first"}, {"LAYERSWAP_HOST_LIMIT", "lots"},
-           {"LAYERSWAP_WRITEBACK", "sometimes"}, {"LAYERSWAP_COMPOSITES", "maybe"}}) {
+           {"LAYERSWAP_WRITEBACK", "sometimes"}, {"LAYERSWAP_COMPOSITES", "maybe"},
+           {"LAYERSWAP_PROGRAM_FIRST", "later"}}) {
     const std::string why = config_error_of(vars{{name, value}});
     EXPECT_NE(why.find(name), std::string::npos) << why;
     EXPECT_NE(why.find(value), std::string::npos) << why;

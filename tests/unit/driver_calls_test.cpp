@@ -1,7 +1,11 @@
-// The driver port's call counters (runtime/driver_calls.hpp): each timed call counts once, under the caller's role.
+// The driver port's call counters (runtime/driver_calls.hpp): each timed call counts once, under the caller's role;
+// and the order of the program's and the engine's calls (Note [Program first]).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -34,6 +38,71 @@ TEST(DriverCalls, EachTimedCallCountsOnceUnderItsCallersRole) {
   EXPECT_EQ(calls("map", false), program_map + 1);
   EXPECT_EQ(calls("map", true), engine_map + 1);
   EXPECT_EQ(calls("set_access", true), engine_access + 2);
+}
+
+// A program thread holds a driver call of `program_kind` open until `release` is set; meanwhile an engine thread
+// makes a call. Returns whether the engine's call began while the program's was open.
+bool engine_call_overlaps_program_call(driver_calls::kind program_kind) {
+  std::atomic<bool> program_in{false};
+  std::atomic<bool> release{false};
+  std::atomic<bool> engine_in{false};
+  std::thread program([&] {
+    const driver_calls::call c(program_kind);
+    program_in = true;
+    while (!release) std::this_thread::yield();
+  });
+  while (!program_in) std::this_thread::yield();
+  std::thread engine([&] {
+    driver_calls::set_engine_thread();
+    const driver_calls::call c(driver_calls::kind::record);
+    engine_in = true;
+  });
+  // A correct turn never lets the engine in while the program's call is open, however long this waits.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  while (!engine_in && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  const bool overlapped = engine_in;
+  release = true;
+  program.join();
+  engine.join();
+  EXPECT_TRUE(engine_in);  // the engine's call always happens
+  return overlapped;
+}
+
+TEST(DriverCalls, TheEngineWaitsWhileAProgramThreadIsInAVmmCall) {
+  driver_calls::set_program_first(true);
+  const std::uint64_t waits = calls("turn_wait", true);
+  EXPECT_FALSE(engine_call_overlaps_program_call(driver_calls::kind::map));
+  EXPECT_FALSE(engine_call_overlaps_program_call(driver_calls::kind::create));
+  EXPECT_EQ(calls("turn_wait", true), waits + 2);
+  EXPECT_EQ(driver_calls::program_calls_in_progress(), 0);
+}
+
+TEST(DriverCalls, AProgramCallThatMayWaitForTheGpuHoldsNoTurn) {
+  // An event wait may wait for launches that wait for the engine (Note [Program first]): it must not hold it back.
+  driver_calls::set_program_first(true);
+  EXPECT_TRUE(engine_call_overlaps_program_call(driver_calls::kind::other));
+  EXPECT_TRUE(engine_call_overlaps_program_call(driver_calls::kind::record));
+  EXPECT_EQ(driver_calls::program_calls_in_progress(), 0);
+}
+
+TEST(DriverCalls, WithoutProgramFirstTheEngineDoesNotWait) {
+  driver_calls::set_program_first(false);
+  const std::uint64_t waits = calls("turn_wait", true);
+  EXPECT_TRUE(engine_call_overlaps_program_call(driver_calls::kind::map));
+  EXPECT_EQ(calls("turn_wait", true), waits);
+  driver_calls::set_program_first(true);
+}
+
+TEST(DriverCalls, OnlyTheProgramsVmmCallsRaiseTheCount) {
+  driver_calls::set_program_first(true);
+  for (std::size_t i = 0; i < driver_calls::k_kinds; ++i) {
+    const auto k = static_cast<driver_calls::kind>(i);
+    std::optional<driver_calls::call> c;
+    c.emplace(k);
+    EXPECT_EQ(driver_calls::program_calls_in_progress(), driver_calls::vmm_kind(k) ? 1 : 0) << driver_calls::k_names[i];
+    c.reset();
+    EXPECT_EQ(driver_calls::program_calls_in_progress(), 0);
+  }
 }
 
 }  // namespace

@@ -9,7 +9,16 @@ namespace {
 thread_local int t_role = 0;
 std::atomic<bool> g_program_first{true};
 std::atomic<int> g_program_calls{0};  // Note [Program first]: the program's VMM calls in progress
-constexpr int k_spins = 256;           // pauses before the engine's wait yields its core
+std::atomic<std::uint64_t> g_program_end_ns{0};  // ... and when the last one ended (steady_ns)
+constexpr int k_spins = 256;                     // pauses before the engine's wait yields its core
+
+// Whether the engine should let the program's VMM calls go first now: one is in progress, or one ended less than
+// k_program_grace ago (the program's next call of a sequence is usually that close).
+bool program_turn() noexcept {
+  if (g_program_calls.load() != 0) return true;
+  const std::uint64_t end = g_program_end_ns.load(std::memory_order_relaxed);
+  return end != 0 && fast_clock::steady_ns() < end + static_cast<std::uint64_t>(k_program_grace.count()) * 1000;
+}
 }  // namespace
 
 counters& global() noexcept {
@@ -35,9 +44,9 @@ bool call::take_turn(kind k) noexcept {
     g_program_calls.fetch_add(1);
     return true;
   }
-  if (g_program_calls.load() == 0) return false;
+  if (!program_turn()) return false;
   const timer waited(kind::turn_wait);
-  for (int spins = 0; g_program_calls.load() != 0; ++spins) {
+  for (int spins = 0; program_turn(); ++spins) {
     if (spins < k_spins) {
       cpu_relax();
     } else {
@@ -49,7 +58,9 @@ bool call::take_turn(kind k) noexcept {
 
 // Lowered as soon as the driver call has returned: the timer, a member, counts the call after this body.
 call::~call() {
-  if (raised_) g_program_calls.fetch_sub(1);
+  if (!raised_) return;
+  g_program_end_ns.store(fast_clock::steady_ns(), std::memory_order_relaxed);
+  g_program_calls.fetch_sub(1);
 }
 
 }  // namespace layerswap::driver_calls

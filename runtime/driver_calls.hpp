@@ -15,7 +15,10 @@
 //   the engine's remaps. With program_first (LAYERSWAP_PROGRAM_FIRST=1, the default) a program thread announces each
 //   VMM call (a count raised before it and lowered after), and the migration thread, before each of its driver
 //   calls, waits while the count is raised: a program's call waits for at most the one call the engine has in the
-//   driver (in the probe: 182-210 us on average, p99 0.36-0.42 ms). Only the program's VMM calls raise the count:
+//   driver (in the probe: 182-210 us on average, p99 0.36-0.42 ms). The program makes and frees a segment in a
+//   sequence of calls (create, reserve, map, set access; unmap, release), and the engine, let in between two of them,
+//   would start a host remap that the next one waits for: so the engine also waits until k_program_grace has passed
+//   since the program's last VMM call ended. Only the program's VMM calls raise the count:
 //   they never wait for the GPU, so they end without the engine's help, and the engine's wait ends. Its other calls
 //   (event waits among them, which may wait for launches that wait for a prefetch) raise nothing. The engine's
 //   waits are counted as calls of kind turn_wait.
@@ -23,6 +26,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 
 #include "runtime/fast_clock.hpp"
@@ -55,6 +59,8 @@ int this_thread_role() noexcept;
 // The calling thread's driver calls count as the engine's from now on (the migration thread, once).
 void set_engine_thread() noexcept;
 
+// Note [Program first]: how long after a program's VMM call the engine still waits for the next one.
+inline constexpr std::chrono::microseconds k_program_grace{40};
 // Note [Program first]: on (the default) or off, process-wide. Safe to change at any time.
 void set_program_first(bool on) noexcept;
 [[nodiscard]] bool program_first() noexcept;

@@ -77,6 +77,33 @@ TEST(DriverCalls, TheEngineWaitsWhileAProgramThreadIsInAVmmCall) {
   EXPECT_EQ(driver_calls::program_calls_in_progress(), 0);
 }
 
+TEST(DriverCalls, TheEngineLetsTheProgramsNextCallOfASequenceGoFirst) {
+  // The engine's call right after a program's VMM call waits until k_program_grace has passed since it ended. The
+  // engine thread is running before the program's call ends, so only the grace can keep it out.
+  driver_calls::set_program_first(true);
+  std::this_thread::sleep_for(2 * driver_calls::k_program_grace);  // past any earlier test's grace
+  std::atomic<bool> engine_ready{false};
+  std::atomic<bool> go{false};
+  std::chrono::steady_clock::time_point program_end;
+  std::chrono::steady_clock::time_point engine_start;
+  std::thread engine([&] {
+    driver_calls::set_engine_thread();
+    engine_ready = true;
+    while (!go) {
+    }
+    const driver_calls::call c(driver_calls::kind::set_access);
+    engine_start = std::chrono::steady_clock::now();
+  });
+  while (!engine_ready) std::this_thread::yield();
+  { const driver_calls::call c(driver_calls::kind::map); }
+  program_end = std::chrono::steady_clock::now();
+  go = true;
+  engine.join();
+  // program_end is read just after the grace's start is stored: a quarter of the grace absorbs that gap. Without the
+  // grace the engine starts within a few microseconds.
+  EXPECT_GE(engine_start - program_end, driver_calls::k_program_grace * 3 / 4);
+}
+
 TEST(DriverCalls, AProgramCallThatMayWaitForTheGpuHoldsNoTurn) {
   // An event wait may wait for launches that wait for the engine (Note [Program first]): it must not hold it back.
   driver_calls::set_program_first(true);

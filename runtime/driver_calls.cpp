@@ -38,9 +38,8 @@ int program_calls_in_progress() noexcept { return g_program_calls.load(std::memo
 // call in the driver (that call then waits for the engine's one call), but it starts no call after reading a
 // raised count.
 bool call::take_turn(kind k) noexcept {
-  if (!g_program_first.load(std::memory_order_relaxed)) return false;
+  if (!vmm_kind(k) || !g_program_first.load(std::memory_order_relaxed)) return false;
   if (t_role == 0) {
-    if (!vmm_kind(k)) return false;
     g_program_calls.fetch_add(1);
     return true;
   }

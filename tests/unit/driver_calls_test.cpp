@@ -54,7 +54,7 @@ bool engine_call_overlaps_program_call(driver_calls::kind program_kind) {
   while (!program_in) std::this_thread::yield();
   std::thread engine([&] {
     driver_calls::set_engine_thread();
-    const driver_calls::call c(driver_calls::kind::record);
+    const driver_calls::call c(driver_calls::kind::unmap);
     engine_in = true;
   });
   // A correct turn never lets the engine in while the program's call is open, however long this waits.
@@ -118,6 +118,36 @@ TEST(DriverCalls, WithoutProgramFirstTheEngineDoesNotWait) {
   EXPECT_TRUE(engine_call_overlaps_program_call(driver_calls::kind::map));
   EXPECT_EQ(calls("turn_wait", true), waits);
   driver_calls::set_program_first(true);
+}
+
+TEST(DriverCalls, TheEnginesOtherCallsDoNotWait) {
+  // An event record or query may be made under the allocator mutex, which the program's next call needs anyway.
+  driver_calls::set_program_first(true);
+  std::atomic<bool> program_in{false};
+  std::atomic<bool> release{false};
+  std::thread program([&] {
+    const driver_calls::call c(driver_calls::kind::set_access);
+    program_in = true;
+    while (!release) std::this_thread::yield();
+  });
+  while (!program_in) std::this_thread::yield();
+  const std::uint64_t waits = calls("turn_wait", true);
+  std::atomic<bool> engine_done{false};
+  std::thread engine([&] {
+    driver_calls::set_engine_thread();
+    for (const auto k : {driver_calls::kind::record, driver_calls::kind::query, driver_calls::kind::copy,
+                         driver_calls::kind::other}) {
+      const driver_calls::call c(k);
+    }
+    engine_done = true;
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!engine_done && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  EXPECT_TRUE(engine_done) << "the engine's calls waited for the program's VMM call";
+  release = true;
+  program.join();
+  engine.join();
+  EXPECT_EQ(calls("turn_wait", true), waits);
 }
 
 TEST(DriverCalls, OnlyTheProgramsVmmCallsRaiseTheCount) {

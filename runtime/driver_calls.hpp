@@ -19,8 +19,8 @@
 //   sequence of calls (create, reserve, map, set access; unmap, release), and the engine, let in between two of them,
 //   would start a host remap that the next one waits for: so the engine also waits until k_program_grace has passed
 //   since the program's last VMM call ended. Only the program's VMM calls raise the count: they never wait for the
-//   GPU, so they end without the engine's help, and the engine's wait ends. Its other calls (event waits among them,
-//   which may wait for launches that wait for a prefetch) raise nothing. The engine's other calls (event records and
+//   GPU, so they end without the engine's help, and the engine's wait ends. The program's other calls (event waits
+//   among them, which may wait for launches that wait for a prefetch) raise nothing. The engine's other calls (event records and
 //   queries, copies: a few us each, some made under the allocator mutex, which the program's next call needs anyway)
 //   do not wait. The engine's waits are counted as calls of kind turn_wait. On the H200 (interleaved, one or two
 //   processes a side, session 30): UNet at 25% spent 43-44 ms a step in the program's VMM calls instead of 58, full

@@ -8,23 +8,31 @@
 //   The driver runs one thread's VMM calls (create, release, map, unmap, set access, reserve) at a time, and not
 //   in the order they came: a thread that makes them back to back keeps the driver's lock, and another thread's
 //   call waits until it pauses. On the H200 (bench/vmm_concurrency_probe.cpp, bench/results/vmm_concurrency_s30.json)
-//   a thread remapping 22 MiB between two chunks took 38-47 us alone and 5-23 ms on average (p99 56-120 ms) while
+//   a thread remapping 22 MiB between two chunks took 36-47 us alone and 4-23 ms on average (p99 46-120 ms) while
 //   another thread remapped regions between host pages and chunks without pause, as the migration thread does
 //   through a step's evictions and prefetches (host remaps, 8-13 us per MiB). So a program thread that makes or
 //   frees a segment (the allocator's calls under its mutex, with the step waiting) could wait milliseconds behind
-//   the engine's remaps. With program_first (LAYERSWAP_PROGRAM_FIRST=1, the default) a program thread announces each
-//   VMM call (a count raised before it and lowered after), and the migration thread, before each of its VMM calls,
-//   waits while the count is raised: a program's call waits for at most the one call the engine has in the
-//   driver (in the probe: 182-210 us on average, p99 0.36-0.42 ms). The program makes and frees a segment in a
-//   sequence of calls (create, reserve, map, set access; unmap, release), and the engine, let in between two of them,
-//   would start a host remap that the next one waits for: so the engine also waits until k_program_grace has passed
-//   since the program's last VMM call ended. Only the program's VMM calls raise the count: they never wait for the
-//   GPU, so they end without the engine's help, and the engine's wait ends. The program's other calls (event waits
-//   among them, which may wait for launches that wait for a prefetch) raise nothing. The engine's other calls (event records and
-//   queries, copies: a few us each, some made under the allocator mutex, which the program's next call needs anyway)
-//   do not wait. The engine's waits are counted as calls of kind turn_wait. On the H200 (interleaved, one or two
-//   processes a side, session 30): UNet at 25% spent 43-44 ms a step in the program's VMM calls instead of 58, full
-//   fine-tuning at 25% 71 instead of 95 and stepped 0.452 s against 0.507, LoRA at 10% 0.161 s against 0.169.
+//   the engine's remaps.
+//
+//   With program_first (LAYERSWAP_PROGRAM_FIRST=1, the default) a program thread announces each VMM call (a count
+//   raised before it and lowered after), and the migration thread, before each of its VMM calls, waits while the
+//   count is raised: a program's call waits for at most the one call the engine has in the driver (in the probe:
+//   182-210 us on average, p99 0.36-0.42 ms). The program makes and frees a segment in a sequence of calls (create,
+//   reserve, map, set access; unmap, release), and the engine, let in between two of them, would start a host remap
+//   that the next one waits for: so the engine also waits until k_program_grace has passed since the program's last
+//   VMM call ended.
+//   * Only the program's VMM calls raise the count: they never wait for the GPU, so they end without the engine's
+//     help, and the engine's wait ends. The program's other calls (event waits among them, which may wait for
+//     launches that wait for a prefetch) raise nothing.
+//   * The engine's other calls (event records and queries, copies: a few us each, some made under the allocator
+//     mutex, which the program's next call needs anyway) do not wait.
+//   * The engine's waits are counted as calls of kind turn_wait.
+//   On the H200 (interleaved against LAYERSWAP_PROGRAM_FIRST=0 in the same calls, session 30,
+//   bench/results/program_first_s30.json): the UNet at 25% spent 48 ms a step in the program's VMM calls instead of
+//   60-66 (allocator calls 55-58 ms instead of 69-75; steps 0.150 and 0.153 s against 0.166 and 0.158); full
+//   fine-tuning at 25% 71 ms instead of 107, its step 0.468 s against 0.523 (0.452 against 0.507 and 0.490 against
+//   0.523 in two calls with earlier forms of the rule), though its launches waited 34 ms more for prefetches (the
+//   engine waited 31 ms a step). The LoRA case at 25% makes ~1 segment a step.
 #pragma once
 
 #include <array>

@@ -45,11 +45,14 @@ bool call::take_turn(kind k) noexcept {
   }
   if (!program_turn()) return false;
   const timer waited(kind::turn_wait);
+  const std::uint64_t until = fast_clock::steady_ns() + static_cast<std::uint64_t>(k_turn_limit.count()) * 1000;
   for (int spins = 0; program_turn(); ++spins) {
     if (spins < k_spins) {
       cpu_relax();
-    } else {
+    } else if (fast_clock::steady_ns() < until) {
       std::this_thread::yield();
+    } else {
+      break;  // an order, never a condition of correctness: the engine goes on (Note [Program first])
     }
   }
   return false;

@@ -26,6 +26,10 @@
 //     launches that wait for a prefetch) raise nothing.
 //   * The engine's other calls (event records and queries, copies: a few us each, some made under the allocator
 //     mutex, which the program's next call needs anyway) do not wait.
+//   * The engine waits k_turn_limit (20 ms) at most before a call, then goes on: the rule is an order, never a
+//     condition of correctness, so no driver that made a program's VMM call wait for the GPU (and the GPU for the
+//     engine, as a held launch does: Note [Holds] in allocator/residency.cpp) could deadlock them. The program's VMM
+//     calls take 0.1-1 ms on the H200.
 //   * The engine's waits are counted as calls of kind turn_wait.
 //   On the H200 (interleaved against LAYERSWAP_PROGRAM_FIRST=0 in the same calls, session 30,
 //   bench/results/program_first_s30.json): the UNet at 25% spent 48 ms a step in the program's VMM calls instead of
@@ -70,8 +74,10 @@ int this_thread_role() noexcept;
 // The calling thread's driver calls count as the engine's from now on (the migration thread, once).
 void set_engine_thread() noexcept;
 
-// Note [Program first]: how long after a program's VMM call the engine still waits for the next one.
+// Note [Program first]: how long after a program's VMM call the engine still waits for the next one, and the
+// longest the engine waits before one of its calls, whatever the program does.
 inline constexpr std::chrono::microseconds k_program_grace{40};
+inline constexpr std::chrono::microseconds k_turn_limit{20'000};
 // Note [Program first]: on (the default) or off, process-wide. Safe to change at any time.
 void set_program_first(bool on) noexcept;
 [[nodiscard]] bool program_first() noexcept;

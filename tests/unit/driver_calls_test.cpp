@@ -57,8 +57,8 @@ bool engine_call_overlaps_program_call(driver_calls::kind program_kind) {
     const driver_calls::call c(driver_calls::kind::unmap);
     engine_in = true;
   });
-  // A correct turn never lets the engine in while the program's call is open, however long this waits.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  // A correct turn never lets the engine in while the program's call is open, up to k_turn_limit.
+  const auto until = std::chrono::steady_clock::now() + driver_calls::k_turn_limit / 2;
   while (!engine_in && std::chrono::steady_clock::now() < until) std::this_thread::yield();
   const bool overlapped = engine_in;
   release = true;
@@ -102,6 +102,36 @@ TEST(DriverCalls, TheEngineLetsTheProgramsNextCallOfASequenceGoFirst) {
   // program_end is read just after the grace's start is stored: a quarter of the grace absorbs that gap. Without the
   // grace the engine starts within a few microseconds.
   EXPECT_GE(engine_start - program_end, driver_calls::k_program_grace * 3 / 4);
+}
+
+TEST(DriverCalls, TheEngineWaitsNoLongerThanTheTurnLimit) {
+  // A program's VMM call that never ends (a driver that made it wait for the GPU, and the GPU for the engine) must
+  // not stop the engine for good.
+  driver_calls::set_program_first(true);
+  std::atomic<bool> program_in{false};
+  std::atomic<bool> release{false};
+  std::thread program([&] {
+    const driver_calls::call c(driver_calls::kind::unmap);
+    program_in = true;
+    while (!release) std::this_thread::yield();
+  });
+  while (!program_in) std::this_thread::yield();
+  std::chrono::steady_clock::duration waited{};
+  std::atomic<bool> engine_done{false};
+  std::thread engine([&] {
+    driver_calls::set_engine_thread();
+    const auto start = std::chrono::steady_clock::now();
+    { const driver_calls::call c(driver_calls::kind::map); }
+    waited = std::chrono::steady_clock::now() - start;
+    engine_done = true;
+  });
+  const auto until = std::chrono::steady_clock::now() + driver_calls::k_turn_limit * 50;
+  while (!engine_done && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  EXPECT_TRUE(engine_done) << "the engine still waits for a program call open for 50 times the limit";
+  release = true;
+  program.join();
+  engine.join();
+  EXPECT_GE(waited, driver_calls::k_turn_limit);
 }
 
 TEST(DriverCalls, AProgramCallThatMayWaitForTheGpuHoldsNoTurn) {

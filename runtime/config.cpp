@@ -93,9 +93,10 @@ constexpr setting_info k_settings[row_count] = {
      "64ths of it after the current one, 4 with follow), so that weights fill what the activations leave between "
      "their peaks"},
     {"LAYERSWAP_PROGRAM_FIRST", "1", "0 or 1 (also true/false, on/off, yes/no)",
-     "The program's driver calls that make and free device memory go before the migration thread's: it waits before "
-     "each of its calls while one is in progress (0: the driver's own order, in which those calls could wait "
-     "milliseconds behind the migration thread's remaps)"},
+     "The program's driver calls that make and free device memory (VMM calls) go before the migration thread's: the "
+     "migration thread waits before each of its VMM calls while one of the program's is in progress or ended less "
+     "than 40 us ago, 20 ms at most (0: the driver's own order, in which the program's calls could wait milliseconds "
+     "behind the migration thread's remaps)"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";

@@ -544,7 +544,12 @@ def self_test_parent():
                                                                                        "bytes_d2h": 9}}, 3)
     assert t["bytes_h2d_per_step"] == 2 and t["sources"]["bytes_h2d_per_step"] == "residency.bytes_h2d", t
     assert t["bytes_d2h_per_step"] == 8 / 3, t
-    return 10
+    t = layerswap_traffic({"driver_call_s": {"program.map": 1.0, "engine.turn_wait": 0.5}},
+                          {"driver_call_s": {"program.map": 2.0, "program.unmap": 1.0, "program.record": 9.0,
+                                             "engine.map": 7.0, "engine.turn_wait": 1.5}}, 2)
+    assert t["program_vmm_s_per_step"] == 1.0 and t["engine_turn_wait_s_per_step"] == 0.5, t
+    assert "program_vmm_s_per_step" not in layerswap_traffic({}, {"driver_call_s": {"program.record": 1.0}}, 2)
+    return 12
 
 
 def self_test_rounds():
@@ -819,7 +824,10 @@ PER_STEP_STATS = ("launch_wait_s", "launch_waits", "launch_holds", "stall_evicti
                   "late_remap_wait_s", "launch_driver_s", "launch_remap_waits", "launch_remap_wait_s",
                   "digests_carried", "idle_sleeps", "num_composites", "composite_donors",
                   "num_zombies_reaped", "num_splits", "num_spare_splits", "num_home_segments", "reserve_followed",
-                  "cache_misses") + tuple(f"late_wait_s_by_phase.{i}" for i in range(8))
+                  "cache_misses", "program_vmm_s", "engine_turn_wait_s") + tuple(
+                      f"late_wait_s_by_phase.{i}" for i in range(8))
+# The driver port's VMM call kinds (runtime/driver_calls.hpp's vmm_kind): the program's, summed as program_vmm_s.
+VMM_KINDS = ("create", "release", "map", "unmap", "set_access", "reserve")
 
 
 def layerswap_traffic(before, after, steps):
@@ -851,6 +859,15 @@ def layerswap_traffic(before, after, steps):
         key = find(lambda k, n=name: k == n or k.endswith("." + n))
         if key and steps > 0:
             res[name + "_per_step"] = (fa[key] - fb.get(key, 0)) / steps
+    if steps > 0:
+        # The program's VMM calls (making and freeing segments) and the migration thread's waits for them (Note
+        # [Program first] in runtime/driver_calls.hpp), from the driver port's times by caller.
+        vmm = [k for k in fa if k.startswith("driver_call_s.program.") and k.rsplit(".", 1)[1] in VMM_KINDS]
+        if vmm:
+            res["program_vmm_s_per_step"] = sum(fa[k] - fb.get(k, 0) for k in vmm) / steps
+        if "driver_call_s.engine.turn_wait" in fa:
+            k = "driver_call_s.engine.turn_wait"
+            res["engine_turn_wait_s_per_step"] = (fa[k] - fb.get(k, 0)) / steps
     counted, missed = find(lambda k: k.endswith("launches_counted")), find(lambda k: k.endswith("launches_missed"))
     if counted and missed and fa[counted] - fb.get(counted, 0) > 0:  # over the timed steps only
         res["hit_rate_timed"] = 1 - (fa[missed] - fb.get(missed, 0)) / (fa[counted] - fb.get(counted, 0))

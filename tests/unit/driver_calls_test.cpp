@@ -40,29 +40,52 @@ TEST(DriverCalls, EachTimedCallCountsOnceUnderItsCallersRole) {
   EXPECT_EQ(calls("set_access", true), engine_access + 2);
 }
 
-// A program thread holds a driver call of `program_kind` open until `release` is set; meanwhile an engine thread
-// makes a call. Returns whether the engine's call began while the program's was open.
+// A program thread's driver call of `kind`, open from construction (once the thread is in it) until release() or
+// destruction.
+class open_program_call {
+ public:
+  explicit open_program_call(driver_calls::kind kind)
+      : thread_([this, kind] {
+          const driver_calls::call c(kind);
+          in_ = true;
+          while (!release_) std::this_thread::yield();
+        }) {
+    while (!in_) std::this_thread::yield();
+  }
+  ~open_program_call() { release(); }
+  open_program_call(const open_program_call&) = delete;
+  open_program_call& operator=(const open_program_call&) = delete;
+  void release() {
+    release_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::atomic<bool> in_{false};
+  std::atomic<bool> release_{false};
+  std::thread thread_;
+};
+
+// Waits until `flag` is set or `limit` has passed; returns the flag.
+bool wait_for(const std::atomic<bool>& flag, std::chrono::steady_clock::duration limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!flag && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  return flag;
+}
+
+// While a program thread holds a driver call of `program_kind` open, an engine thread makes a VMM call. Returns
+// whether the engine's call began while the program's was open.
 bool engine_call_overlaps_program_call(driver_calls::kind program_kind) {
-  std::atomic<bool> program_in{false};
-  std::atomic<bool> release{false};
+  open_program_call program(program_kind);
   std::atomic<bool> engine_in{false};
-  std::thread program([&] {
-    const driver_calls::call c(program_kind);
-    program_in = true;
-    while (!release) std::this_thread::yield();
-  });
-  while (!program_in) std::this_thread::yield();
   std::thread engine([&] {
     driver_calls::set_engine_thread();
     const driver_calls::call c(driver_calls::kind::unmap);
     engine_in = true;
   });
   // A correct turn never lets the engine in while the program's call is open, up to k_turn_limit.
-  const auto until = std::chrono::steady_clock::now() + driver_calls::k_turn_limit / 2;
-  while (!engine_in && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-  const bool overlapped = engine_in;
-  release = true;
-  program.join();
+  const bool overlapped = wait_for(engine_in, driver_calls::k_turn_limit / 2);
+  program.release();
   engine.join();
   EXPECT_TRUE(engine_in);  // the engine's call always happens
   return overlapped;
@@ -108,14 +131,7 @@ TEST(DriverCalls, TheEngineWaitsNoLongerThanTheTurnLimit) {
   // A program's VMM call that never ends (a driver that made it wait for the GPU, and the GPU for the engine) must
   // not stop the engine for good.
   driver_calls::set_program_first(true);
-  std::atomic<bool> program_in{false};
-  std::atomic<bool> release{false};
-  std::thread program([&] {
-    const driver_calls::call c(driver_calls::kind::unmap);
-    program_in = true;
-    while (!release) std::this_thread::yield();
-  });
-  while (!program_in) std::this_thread::yield();
+  open_program_call program(driver_calls::kind::unmap);
   std::chrono::steady_clock::duration waited{};
   std::atomic<bool> engine_done{false};
   std::thread engine([&] {
@@ -125,11 +141,9 @@ TEST(DriverCalls, TheEngineWaitsNoLongerThanTheTurnLimit) {
     waited = std::chrono::steady_clock::now() - start;
     engine_done = true;
   });
-  const auto until = std::chrono::steady_clock::now() + driver_calls::k_turn_limit * 50;
-  while (!engine_done && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-  EXPECT_TRUE(engine_done) << "the engine still waits for a program call open for 50 times the limit";
-  release = true;
-  program.join();
+  EXPECT_TRUE(wait_for(engine_done, driver_calls::k_turn_limit * 50))
+      << "the engine still waits for a program call open for 50 times the limit";
+  program.release();
   engine.join();
   EXPECT_GE(waited, driver_calls::k_turn_limit);
 }
@@ -153,14 +167,7 @@ TEST(DriverCalls, WithoutProgramFirstTheEngineDoesNotWait) {
 TEST(DriverCalls, TheEnginesOtherCallsDoNotWait) {
   // An event record or query may be made under the allocator mutex, which the program's next call needs anyway.
   driver_calls::set_program_first(true);
-  std::atomic<bool> program_in{false};
-  std::atomic<bool> release{false};
-  std::thread program([&] {
-    const driver_calls::call c(driver_calls::kind::set_access);
-    program_in = true;
-    while (!release) std::this_thread::yield();
-  });
-  while (!program_in) std::this_thread::yield();
+  open_program_call program(driver_calls::kind::set_access);
   const std::uint64_t waits = calls("turn_wait", true);
   std::atomic<bool> engine_done{false};
   std::thread engine([&] {
@@ -171,11 +178,8 @@ TEST(DriverCalls, TheEnginesOtherCallsDoNotWait) {
     }
     engine_done = true;
   });
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (!engine_done && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-  EXPECT_TRUE(engine_done) << "the engine's calls waited for the program's VMM call";
-  release = true;
-  program.join();
+  EXPECT_TRUE(wait_for(engine_done, std::chrono::seconds(2))) << "the engine's calls waited for the program's VMM call";
+  program.release();
   engine.join();
   EXPECT_EQ(calls("turn_wait", true), waits);
 }

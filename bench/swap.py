@@ -865,8 +865,8 @@ def layerswap_traffic(before, after, steps):
         vmm = [k for k in fa if k.startswith("driver_call_s.program.") and k.rsplit(".", 1)[1] in VMM_KINDS]
         if vmm:
             res["program_vmm_s_per_step"] = sum(fa[k] - fb.get(k, 0) for k in vmm) / steps
-        if "driver_call_s.engine.turn_wait" in fa:
-            k = "driver_call_s.engine.turn_wait"
+        k = "driver_call_s.engine.turn_wait"
+        if k in fa:
             res["engine_turn_wait_s_per_step"] = (fa[k] - fb.get(k, 0)) / steps
     counted, missed = find(lambda k: k.endswith("launches_counted")), find(lambda k: k.endswith("launches_missed"))
     if counted and missed and fa[counted] - fb.get(counted, 0) > 0:  # over the timed steps only

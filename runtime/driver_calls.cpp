@@ -31,7 +31,6 @@ int this_thread_role() noexcept { return t_role; }
 void set_engine_thread() noexcept { t_role = 1; }
 
 void set_program_first(bool on) noexcept { g_program_first.store(on, std::memory_order_relaxed); }
-bool program_first() noexcept { return g_program_first.load(std::memory_order_relaxed); }
 int program_calls_in_progress() noexcept { return g_program_calls.load(std::memory_order_relaxed); }
 
 // Note [Program first]. The count is seq_cst on both sides: the engine, having read 0, may still meet a program

@@ -80,7 +80,6 @@ inline constexpr std::chrono::microseconds k_program_grace{40};
 inline constexpr std::chrono::microseconds k_turn_limit{20'000};
 // Note [Program first]: on (the default) or off, process-wide. Safe to change at any time.
 void set_program_first(bool on) noexcept;
-[[nodiscard]] bool program_first() noexcept;
 // The program's VMM calls in progress (raised by `call`).
 [[nodiscard]] int program_calls_in_progress() noexcept;
 

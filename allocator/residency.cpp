@@ -1389,7 +1389,34 @@ struct residency_engine::impl {
       if (!r->busy && copy_done(*r) && begin_finish(*r)) ready.push_back(r);
     }
     std::stable_partition(ready.begin(), ready.end(), [](const swap_region* r) { return r->mv->to_device; });
+    order_prefetches(ready);
     return ready;
+  }
+
+  // Note [Waited prefetches first]
+  //   The landed prefetches of a tick remap one after another (~0.2 ms each on the H200, with the program's
+  //   launches beside them), and a launch waiting for one of them waits for those ahead of it in the batch too.
+  //   They used to come in `moving`'s order, which swap-removals scramble: in session 30's record (1.1B LoRA at
+  //   25%) the 3.6 prefetches a step that a launch waited for waited 1.2 ms each after poll_moves saw their copy
+  //   complete (late_remap_wait_s, 4.3 ms a step). So the prefetches of a batch go in the order they are needed:
+  //   those a launch waits for first (residency_gate::waited_for), then by rank, the forecast's next use. Only their
+  //   order among themselves changes: the same remaps run in the same tick, and the evictions still follow them
+  //   (serving a waited prefetch ahead of evictions already in the batch took away the backpressure that keeps the
+  //   program on the device: session 18).
+  //   On the H200, interleaved against the same build with the order switched off (session 31, two calls, 2-3
+  //   processes a side, bench/results/prefetch_order_s31.json), the waits after the copy fell by a third to a half:
+  //   LoRA at 25% 1.0-1.6 ms a step against 1.6-4.1, at 10% 2.6-3.2 against 3.5-4.6, the UNet at 25% 3.0-3.9 against
+  //   4.4-6.7. The LoRA launches that went on sooner then reached the next prefetch while its copy was still in
+  //   flight (4.1-7.9 late prefetches a step against 1.7-3.6 at 25%), so their waits in all did not fall (3.2-5.2 ms
+  //   a step against 2.1-5.6); the UNet's fell (16.6-18.9 ms against 17.9-25.3). No side was slower pooled.
+  static void order_prefetches(std::vector<swap_region*>& ready) {
+    const auto end =
+        std::partition_point(ready.begin(), ready.end(), [](const swap_region* r) { return r->mv->to_device; });
+    if (end - ready.begin() < 2) return;
+    std::stable_sort(ready.begin(), end, [](const swap_region* a, const swap_region* b) { return a->rank < b->rank; });
+    if (gate::waiting() != 0) {
+      std::stable_partition(ready.begin(), end, [](const swap_region* r) { return gate::waited_for(r->id); });
+    }
   }
 
   // Victim order: farthest next use first (absent from the forecast = farthest), then least recently used.

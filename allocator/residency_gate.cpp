@@ -285,6 +285,11 @@ std::uint64_t take_wait_start(region_id id) noexcept {
   return e && e != &g_unknown ? e->wait_start.exchange(0, std::memory_order_relaxed) : 0;
 }
 
+bool waited_for(region_id id) noexcept {
+  entry* e = find(id);
+  return e && e != &g_unknown && e->wait_start.load(std::memory_order_relaxed) != 0;
+}
+
 std::uint32_t waiting() noexcept { return g_waiting.load(std::memory_order_relaxed); }
 
 void set_waiter_wake(void (*wake)(void*), void* context) noexcept {

@@ -129,6 +129,9 @@ void set_incoming(region_id id, bool incoming) noexcept;
 // When the first launch began waiting for the prefetch of `id` (fast_clock::steady_ns()),
 // and forgets it; 0 when none waited since the prefetch started. The engine's late-prefetch statistics.
 [[nodiscard]] std::uint64_t take_wait_start(region_id id) noexcept;
+// Whether a launch began waiting for the prefetch of `id` in flight (take_wait_start() would be non-zero), without
+// forgetting it.
+[[nodiscard]] bool waited_for(region_id id) noexcept;
 // The prefetch of `id` has enqueued its copy: launches may hold on `h` from now on (Note [Holding a launch on the
 // GPU]). retract_hold() ends that and returns the value published (0: none), which the engine must then write
 // into the flag once the prefetch has ended.

@@ -1975,6 +1975,47 @@ TEST(Residency, APrefetchALaunchWaitedForIsCountedLate) {
   h.expect_clean();
 }
 
+// Note [Waited prefetches first]: of the prefetches that land in one tick, the one a launch waits for remaps first.
+TEST(Residency, AWaitedPrefetchRemapsFirstInItsBatch) {
+  sim_driver sim(harness::make_sim(true, true));
+  allocator_options o = harness::make_options(64 * MiB, false, true, true);
+  std::vector<region_id> remapped;
+  o.residency.remap_hook = [&](region_id id) { remapped.push_back(id); };
+  caching_allocator alloc(sim, o);
+  std::vector<void*> p;
+  for (int i = 0; i < 3; ++i) {
+    p.push_back(alloc.allocate(2 * MiB, nullptr));
+    sim.launch(nullptr, {{reinterpret_cast<device_ptr>(p.back()), 2 * MiB, true, static_cast<std::uint8_t>(0x30 + i)}});
+    ASSERT_TRUE(alloc.request_evict(p.back()));
+  }
+  alloc.residency_tick();
+  for (void* q : p) {
+    ASSERT_EQ(alloc.residency_of(q), region_residency::host);
+    ASSERT_TRUE(alloc.request_prefetch(q));  // eager: each copy has run; the remaps wait for the next tick
+  }
+  const region_id last = harness::id_of(p.back());
+  std::thread launcher([&] {
+    gate::enter(last);  // waits for its prefetch
+    gate::exit(last, 1000);
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (gate::waiting() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  ASSERT_EQ(gate::waiting(), 1u);
+  remapped.clear();
+  alloc.residency_tick();
+  launcher.join();
+  ASSERT_EQ(remapped.size(), 3u);
+  EXPECT_EQ(remapped.front(), last) << "the prefetch a launch waited for remapped behind others of its batch";
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(alloc.residency_of(p[i]), region_residency::device);
+    EXPECT_TRUE(sim_holds(sim, p[i], 2 * MiB, static_cast<std::uint8_t>(0x30 + i)));
+  }
+  EXPECT_EQ(alloc.residency().late_prefetches, 1);
+  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  alloc.verify();
+  for (void* q : p) alloc.deallocate(q);
+}
+
 // An ordinary launch (one the tracker could not hold) during the prefetch still makes the engine abandon it; a
 // launch held on it meanwhile then runs on the host copy, which is current.
 TEST(Residency, AbandonedPrefetchReleasesItsHeldLaunches) {

@@ -585,9 +585,8 @@ struct residency_engine::impl {
   // created (Note [Releasing spares outside the lock]). False otherwise, with none taken (Note [Reclaiming for a
   // prefetch]).
   bool claim_room(std::size_t bytes, move& m) {
-    if (const std::optional<device_chunk> c = take_pooled(spare_chunks, bytes)) {
-      spare_bytes -= bytes;
-      m.chunk = *c;
+    if (const auto it = spare_chunks.find(bytes); it != spare_chunks.end()) {
+      m.chunk = take_spare(it).second;
       return true;
     }
     const std::size_t need = bytes / gran;
@@ -596,13 +595,11 @@ struct residency_engine::impl {
       return true;
     }
     if (free_pages() < need) return false;
+    const std::size_t unused = unused_bytes() / gran;  // taking spares off the pool does not change it
     std::size_t pending = 0;
-    while (unused_bytes() / gran + pending < need) {  // spares are left: free_pages() >= need
-      const auto largest = std::prev(spare_chunks.end());
-      pending += largest->first / gran;
-      spare_bytes -= largest->first;
-      m.releasing.push_back(*largest);
-      spare_chunks.erase(largest);
+    while (unused + pending < need) {  // spares are left: free_pages() >= need
+      m.releasing.push_back(take_spare(std::prev(spare_chunks.end())));
+      pending += m.releasing.back().first / gran;
     }
     if (pending < need && !source.take_room(need - pending)) {  // the budget's books disagree: take nothing
       for (const auto& [b, c] : m.releasing) add_spare(b, c);
@@ -692,14 +689,19 @@ struct residency_engine::impl {
     port.release(c.handle);
   }
   void release_spare(std::multimap<std::size_t, device_chunk>::iterator it) {
-    const auto [bytes, c] = *it;
-    spare_chunks.erase(it);
-    spare_bytes -= bytes;
+    const auto [bytes, c] = take_spare(it);
     release_chunk(bytes, c);
   }
+  // The spare pool's books: every chunk enters through add_spare and leaves through take_spare.
   void add_spare(std::size_t bytes, const device_chunk& c) {
     spare_chunks.emplace(bytes, c);
     spare_bytes += bytes;
+  }
+  std::pair<std::size_t, device_chunk> take_spare(std::multimap<std::size_t, device_chunk>::iterator it) {
+    const std::pair<std::size_t, device_chunk> taken = *it;
+    spare_chunks.erase(it);
+    spare_bytes -= taken.first;
+    return taken;
   }
   // The region's books, gone (remove_locked, detach_locked): its gate flags and slots, its host backing to the
   // pool, its forecast entries; `r` is destroyed.
@@ -2078,10 +2080,7 @@ std::pair<std::size_t, device_chunk> residency_engine::take_homed_spare_locked(s
   for (auto it = m.spare_chunks.lower_bound(lo); it != m.spare_chunks.end() && it->first <= hi; ++it) {
     const device_ptr home = it->second.home;
     if (home < base || home - base >= span) continue;
-    const auto taken = *it;
-    m.spare_chunks.erase(it);
-    m.spare_bytes -= taken.first;
-    return taken;
+    return m.take_spare(it);
   }
   return {};
 }

@@ -651,10 +651,9 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
           const auto colon = part.find(':');
           const std::string_view key = colon == std::string_view::npos ? part : trim(part.substr(0, colon));
           const std::string_view num = colon == std::string_view::npos ? std::string_view{} : trim(part.substr(colon + 1));
-          std::uint32_t n = 0;
-          bool ok = !num.empty() && num.size() <= 6;
-          for (char c : num) ok = ok && is_digit(c), n = n * 10 + static_cast<std::uint32_t>(c - '0');
-          if (!ok) reject(name, *pin, "is not of the form first:N,last:N", accepted);
+          const std::optional<std::uint32_t> parsed = as_number<std::uint32_t>(num);
+          if (!parsed) reject(name, *pin, "is not of the form first:N,last:N", accepted);
+          const std::uint32_t n = *parsed;
           if (iequals(key, "first")) {
             result.pin_first = n;
           } else if (iequals(key, "last")) {

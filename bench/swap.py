@@ -30,6 +30,10 @@ timeout) records its error text in the case; no figure is ever made up. Results 
                                                          # the machine's drift falls on all alike; paired ratios
     python3 bench/swap.py --interleave 10 --processes 3  # three processes of every side take turns; each side's
                                                          # step and ratios pooled over its processes
+    python3 bench/swap.py --cases llama-lora:0.25 --sides layerswap --interleave 10 --processes 2 \
+        --variant off:LAYERSWAP_PROGRAM_FIRST=0          # an A/B in one run: the layerswap side again with more
+                                                         # environment (a setting, or PYTHONPATH=<another install>),
+                                                         # per cycle against the default side ('variants')
     python3 bench/swap.py --quick                        # tiny models: a smoke test of the whole harness
     python3 bench/swap.py --quick --device cpu           # the harness logic on a CPU (layerswap and H2D skipped;
                                                          # the peers run as logic checks, without streams)
@@ -667,7 +671,10 @@ def self_test_interleave():
             ls_blocks = [[0.01, 0.12], [0.01, 0.22], [0.01, 0.13]]
             out = {"order": [(0, "x")], "resident": {"train": train(res_blocks)}}
             for m in members:
-                if m["side"] == "layerswap":
+                if m["side"] == "layerswap" and m["key"][0] == "variant":  # --variant: twice the default's step,
+                    out[m["key"]] = {"train": train([[0.01, 0.24], [0.01, 0.22], [0.01, 0.26]]),  # but in cycle 2
+                                     "peak_reserved": 5}
+                elif m["side"] == "layerswap":
                     out[m["key"]] = {"train": train(ls_blocks), "peak_reserved": 5}
                 elif m["side"] == "block_swap":
                     out[m["key"]] = {"train": train([[1, 0.24], [1, 0.44], [1, 0.26]]), "peak_reserved": 5}
@@ -677,12 +684,15 @@ def self_test_interleave():
             return out
 
     args = parse_args(["--cases", "llama-lora:0.5:0.25", "--margin-mib", "0", "--interleave", "2", "--block", "2",
-                       "--warmup", "1", "--steps", "7"])  # 2 cycles make 5 steps: raised to 3, for 7
+                       "--warmup", "1", "--steps", "7",  # 2 cycles make 5 steps: raised to 3, for 7
+                       "--variant", "old:LAYERSWAP_X=0,PYTHONPATH=/old"])
     with contextlib.redirect_stdout(io.StringIO()) as text:
         res = run_all(args, runner_class=FakeRunner)
         print_table(res)
     assert set(handed) == {"resident", ("layerswap", 0.5), ("layerswap", 0.25), ("block_swap", 0.25),
-                           ("accelerate_cpu_offload", 0.25)}, handed
+                           ("accelerate_cpu_offload", 0.25), ("variant", "old", 0.5), ("variant", "old", 0.25)}, handed
+    v_env, ls_env = handed[("variant", "old", 0.25)]["env"], handed[("layerswap", 0.25)]["env"]
+    assert v_env == dict(ls_env, LAYERSWAP_X="0", PYTHONPATH="/old") and "LAYERSWAP_X" not in ls_env, v_env
     assert handed[("block_swap", 0.25)]["extra"]["enforce_cap"] and handed[("block_swap", 0.25)]["uncapped"]
     assert handed[("layerswap", 0.25)]["run_cfg"]["steps"] == 1 + 3 * 2, handed[("layerswap", 0.25)]["run_cfg"]
     c50, c25 = res["cases"]
@@ -698,10 +708,24 @@ def self_test_interleave():
     assert acc["losses_bitwise_equal"] is False and bs["losses_bitwise_equal"] is True
     assert c50["peers"] == {} and c50["step_s"] == 0.13 and model["interleave"]["overlapping_turns"] == 0
     assert "paired per cycle" in text.getvalue() and "interleaved: 3 cycles" in text.getvalue()
+    v = c25["variants"]["old"]
+    assert v["step_s"] == 0.24 and v["losses_bitwise_equal"] is True and v["env"]["PYTHONPATH"] == "/old", v
+    assert [round(r, 6) for r in v["against_layerswap"]["ratios_per_cycle"]] == [2.0, 1.0, 2.0], v
+    assert v["against_layerswap"]["median_ratio"] == 2.0 and abs(v["interleave"]["median_ratio"] - 2.4) < 1e-9, v
+    assert abs(v["step_over_bound"] - 2.4) < 1e-9 and "layerswap_stats" not in v and c50["variants"]["old"], v
+    assert res["settings"]["variants"] == {"old": {"LAYERSWAP_X": "0", "PYTHONPATH": "/old"}}
+    assert "variant old (LAYERSWAP_X=0,PYTHONPATH=/old): step 0.2400 s, per cycle 2.000x the default" in text.getvalue()
     _assert_rejected(["--interleave", "2", "--rounds", "2"], ["--interleave", "2", "--block", "1"],
-                     ["--interleave", "-1"])
+                     ["--interleave", "-1"], ["--variant", "a:LAYERSWAP_X=1"],
+                     ["--interleave", "2", "--variant", "a"], ["--interleave", "2", "--variant", ":X=1"],
+                     ["--interleave", "2", "--variant", "a:X"], ["--interleave", "2", "--variant", "a:1X=2"],
+                     ["--interleave", "2", "--variant", "a b:X=1"], ["--interleave", "2", "--variant", "a:X=1,"],
+                     ["--interleave", "2", "--variant", "a:X=1", "--variant", "a:Y=2"],
+                     ["--interleave", "2", "--sides", "block_swap", "--variant", "a:X=1"])
+    ok = parse_args(["--interleave", "2", "--variant", "a:X=", "--variant", "b-2:X=1,Y_Z=q=r"]).variant
+    assert ok == [("a", {"X": ""}), ("b-2", {"X": "1", "Y_Z": "q=r"})], ok
     import lockstep
-    return 13 + lockstep.self_test()
+    return 22 + lockstep.self_test()
 
 
 def self_test_processes():
@@ -735,12 +759,14 @@ def self_test_processes():
             return out
 
     args = parse_args(["--cases", "llama-lora:0.25", "--margin-mib", "0", "--interleave", "3", "--block", "2",
-                       "--warmup", "1", "--steps", "7", "--processes", "3", "--sides", "layerswap,block_swap"])
+                       "--warmup", "1", "--steps", "7", "--processes", "3", "--sides", "layerswap,block_swap",
+                       "--variant", "same:LAYERSWAP_X=1"])
     with contextlib.redirect_stdout(io.StringIO()):
         res = run_all(args, runner_class=FakeRunner)
         print_table(res)
-    assert len(handed) == 9 and ("resident", 2) in handed and (("layerswap", 0.25), 1) in handed, sorted(
+    assert len(handed) == 12 and ("resident", 2) in handed and (("layerswap", 0.25), 1) in handed, sorted(
         map(str, handed))
+    assert handed[(("variant", "same", 0.25), 2)]["env"]["LAYERSWAP_X"] == "1"
     assert handed[(("block_swap", 0.25), 2)]["uncapped"]["key"] == (("block_swap", 0.25), 2)
     (c,) = res["cases"]
     model = res["models"]["llama-lora"]
@@ -756,13 +782,16 @@ def self_test_processes():
     assert bs["step_s"] == 0.25 and bs["losses_bitwise_equal"] is False, bs  # process 2's losses differ
     assert [p["losses_bitwise_equal"] for p in bs["processes"]] == [True, True, False], bs["processes"]
     assert abs(bs["layerswap_speedup"] - 0.25 / 0.13) < 1e-9, bs
+    v = c["variants"]["same"]  # the layerswap side's values: pooled the same way, 1.0x the default in every cycle
+    assert abs(v["step_s"] - 0.13) < 1e-12 and [p["step_s"] for p in v["processes"]] == [0.12, 0.12, 0.13], v
+    assert v["against_layerswap"]["ratios_per_cycle"] == [1.0, 1.0, 1.0] and v["losses_bitwise_equal"] is True, v
     _assert_rejected(["--processes", "2"], ["--interleave", "2", "--processes", "0"])
     assert not [n for n in res["notes"] if "steal" in n], res["notes"]  # the fakes report none
     quiet, stolen = dict(c, steal_s_per_step=0.006, step_s=0.13), dict(c, steal_s_per_step=0.052, step_s=0.2)
     notes = steal_notes({"cases": [quiet, dict(stolen, resident_steal_s_per_step=0.0)]})
     assert len(notes) == 1 and "52 ms" in notes[0] and "26%" in notes[0] and "resident side: 0 ms" in notes[0], notes
     assert "not measured" in steal_notes({"cases": [stolen]})[0]
-    return 15
+    return 18
 
 
 def self_test():
@@ -1428,6 +1457,7 @@ def run_all(args, save=lambda res: None, runner_class=None):
                         "pin_threads": pin, "pin_cores": args.pin_cores or None,
                         "interleave_cycles": args.interleave or None,
                         "interleave_block": args.block if args.interleave else None,
+                        "variants": {name: env for name, env in args.variant} or None,
                         "budget_rule": "budget = fraction * movable + transient + margin, rounded up to 2 MiB; "
                                        "margin = max(margin_bytes, margin_share * transient); "
                                        "movable = parameter + gradient + optimizer-state bytes; transient = the "
@@ -1579,6 +1609,9 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
                                 "tag": f"{case} layerswap {f:g}",
                                 "env": worker_env(budget["budget_bytes"], args.ls_env),
                                 "extra": {"budget_bytes": budget["budget_bytes"]}})
+                for name, env in args.variant:  # --variant: the same side with more environment, taking turns too
+                    members.append(dict(members[-1], key=("variant", name, f), tag=f"{case} layerswap {f:g} [{name}]",
+                                        env=dict(worker_env(budget["budget_bytes"], args.ls_env), **env)))
             else:
                 c["error"] = "skipped: the layerswap side needs a CUDA GPU"
         if case in peer_cases and math.isclose(f, args.peer_fraction):
@@ -1650,6 +1683,18 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
             fill_layerswap(c, ls, resident)
             pool(c, ("layerswap", f))
             c["interleave"] = paired_ratios(blocks(("layerswap", f)), resident_blocks)
+        for name, env in args.variant:
+            key = ("variant", name, f)
+            if got.get(key) is None:
+                continue
+            v = {"env": env, "bound_s": None}  # set with the case's, below
+            fill_layerswap(v, got[key], resident)
+            v.pop("layerswap_stats", None)  # the whole stats dict: the default side keeps it
+            pool(v, key)
+            v["interleave"] = paired_ratios(blocks(key), resident_blocks)
+            # Per cycle, the variant's block against the default layerswap side's: > 1, the variant is slower.
+            v["against_layerswap"] = paired_ratios(blocks(key), blocks(("layerswap", f)))
+            c.setdefault("variants", {})[name] = v
         for peer in PEERS:
             r = got.get((peer, f))
             if r is None:
@@ -1668,6 +1713,9 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
         for p in c["peers"].values():
             if p.get("step_s") and c.get("step_s"):
                 p["layerswap_speedup"] = p["step_s"] / c["step_s"]  # >1: layerswap is faster
+        for v in (c.get("variants") or {}).values():  # the bound of the interleaved resident, as the case's
+            v["bound_s"] = c.get("bound_s")
+            v["step_over_bound"] = v["step_s"] / v["bound_s"] if v.get("step_s") and v["bound_s"] else None
 
 
 def block_medians(r):
@@ -1932,6 +1980,17 @@ def print_table(res):
             q = il.get("quartiles")
             print(f"    paired per cycle: step / resident median {il['median_ratio']:.3f}"
                   + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "") + f" over {len(il['ratios_per_cycle'])} cycles")
+        for name, v in (c.get("variants") or {}).items():
+            eq = {True: "yes", False: f"NO@{v.get('first_differing_step')}", None: "-"}[v.get("losses_bitwise_equal")]
+            env = ",".join(f"{k}={x}" for k, x in v["env"].items())
+            vs = v.get("against_layerswap") or {}
+            q = vs.get("quartiles")
+            vs = (f", per cycle {vs['median_ratio']:.3f}x the default" + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "")
+                  if vs.get("median_ratio") else "")
+            waits = v.get("launch_wait_s_per_step")
+            waits = f", launch waits {waits * 1e3:.1f} ms/step" if waits is not None else ""
+            err = f"  error: {(v.get('error') or '').splitlines()[0][:70]}" if v.get("error") else ""
+            print(f"    variant {name} ({env}): step {sec(v.get('step_s'))} s{vs}, bitwise {eq}{waits}{err}")
         for name, p in c.get("peers", {}).items():
             eq = {True: "yes", False: f"NO@{p.get('first_differing_step')}", None: "-"}[p.get("losses_bitwise_equal")]
             speed = f", layerswap {p['layerswap_speedup']:.2f}x faster" if p.get("layerswap_speedup") else ""
@@ -1992,6 +2051,11 @@ def parse_args(argv=None):
                         "(5-8%% over its peak allocation on the Llama cases), so that the peers can run under the cap")
     p.add_argument("--ls-env", action="append", default=[], metavar="LAYERSWAP_X=V",
                    help="extra environment for the layerswap side (repeatable), e.g. LAYERSWAP_PREFETCH=2")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=V[,VAR=V...]",
+                   help="with --interleave: another layerswap side at each fraction, with these variables added to its "
+                        "environment (any variable: a LAYERSWAP_ setting, or PYTHONPATH for another build), taking "
+                        "turns with the others; reported per case under 'variants', against the resident and the "
+                        "default layerswap side cycle by cycle (repeatable: one side each)")
     p.add_argument("--worker-timeout", type=int, default=None, help="seconds allowed to one worker (default 180; "
                                                                      "120 with --quick)")
     p.add_argument("--resident-again", action=argparse.BooleanOptionalAction, default=True,
@@ -2054,6 +2118,23 @@ def parse_args(argv=None):
             p.error(f"--ls-env takes LAYERSWAP_NAME=VALUE, not {item!r}")
         env[name] = value
     args.ls_env = env
+    variants = []
+    for item in args.variant:
+        name, sep, rest = item.partition(":")
+        pairs = [x.partition("=") for x in rest.split(",")] if sep and rest else []
+        if (not name or not all(ch.isalnum() or ch in "_.-" for ch in name) or not pairs
+                or any(not eq or not var or not (var[0].isalpha() or var[0] == "_")
+                       or not all(ch.isalnum() or ch == "_" for ch in var) for var, eq, _ in pairs)):
+            p.error(f"--variant takes NAME:VAR=VALUE[,VAR=VALUE...] (NAME of letters, digits, '_', '.', '-'), not "
+                    f"{item!r}")
+        if name in (n for n, _ in variants):
+            p.error(f"--variant {name!r} is given twice")
+        variants.append((name, {var: value for var, _, value in pairs}))
+    if variants and not args.interleave:
+        p.error("--variant needs --interleave: a variant is compared with the default side cycle by cycle")
+    if variants and "layerswap" not in args.sides.split(","):
+        p.error("--variant varies the layerswap side: --sides must include layerswap")
+    args.variant = variants
     if args.deadline is None:
         args.deadline = 540 if args.device.startswith("cuda") else 0
     if args.out is None:

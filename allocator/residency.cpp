@@ -485,6 +485,11 @@ struct residency_engine::impl {
   // map, access, copy), remaps to the device, remaps to the host.
   std::atomic<std::int64_t> remap_ns{0};
   std::atomic<std::int64_t> stage_ns{0};
+  // remap_ns by the eighth of the learned step the last forecast was made in (residency_stats::remap_us_by_phase).
+  std::array<std::atomic<std::int64_t>, 8> remap_ns_by_phase{};
+  std::atomic<std::int64_t>& remap_phase_ns() noexcept {
+    return remap_ns_by_phase[std::min<std::size_t>(step_phase, remap_ns_by_phase.size() - 1)];
+  }
   std::atomic<std::int64_t> remap_in_ns{0};
   std::atomic<std::int64_t> remap_out_ns{0};
   std::atomic<std::int64_t> chunks_created{0};  // also made by start_prefetch_copy, outside the mutex
@@ -1103,6 +1108,7 @@ struct residency_engine::impl {
   // own memory only.
   void start_prefetch_copy(swap_region& r) {
     const scoped_ns_timer timed(remap_ns);
+    const scoped_ns_timer phase(remap_phase_ns());
     const scoped_ns_timer part(stage_ns);
     move& m = *r.mv;
     if (!m.chunk) {
@@ -1195,6 +1201,7 @@ struct residency_engine::impl {
   // for the prefetch) whether or not a call throws.
   void remap_busy(swap_region& r) {
     const scoped_ns_timer timed(remap_ns);
+    const scoped_ns_timer phase(remap_phase_ns());
     move& m = *r.mv;
     const scoped_ns_timer part(m.to_device ? remap_in_ns : remap_out_ns);
     if (!gate::try_begin_remap(r.id, m.snapshot, m.to_device)) {
@@ -2128,6 +2135,9 @@ residency_stats residency_engine::stats_locked() const {
   s.idle_sleeps = m.idle_sleeps.load(std::memory_order_relaxed);
   s.remap_us = m.remap_ns.load(std::memory_order_relaxed) / 1000;
   s.stage_us = m.stage_ns.load(std::memory_order_relaxed) / 1000;
+  for (std::size_t i = 0; i < s.remap_us_by_phase.size(); ++i) {
+    s.remap_us_by_phase[i] = m.remap_ns_by_phase[i].load(std::memory_order_relaxed) / 1000;
+  }
   s.remap_in_us = m.remap_in_ns.load(std::memory_order_relaxed) / 1000;
   s.remap_out_us = m.remap_out_ns.load(std::memory_order_relaxed) / 1000;
   s.chunks_created = m.chunks_created.load(std::memory_order_relaxed);

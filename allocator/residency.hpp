@@ -121,6 +121,9 @@ struct residency_stats {
   std::int64_t late_remap_wait_us = 0;
   std::array<std::int64_t, 8> late_wait_us_by_phase{};
   std::array<std::int64_t, 8> transient_peak_by_phase{};  // bytes: the transient peak seen in each eighth
+  // remap_us by the eighth of the learned step the policy's last forecast was made in: where in the step the
+  // migration thread's driver calls fall (without a learned step, all in the first).
+  std::array<std::int64_t, 8> remap_us_by_phase{};
   bool active = false;                 // whether the engine moves regions (a fed gate or without_tracker)
 };
 

@@ -137,6 +137,9 @@ py::dict residency_dict(const residency_stats& r) {
   py::list transient_by_phase;
   for (const std::int64_t bytes : r.transient_peak_by_phase) transient_by_phase.append(bytes);
   d["transient_peak_by_phase"] = transient_by_phase;
+  py::list remap_by_phase;
+  for (const std::int64_t us : r.remap_us_by_phase) remap_by_phase.append(static_cast<double>(us) * 1e-6);
+  d["remap_s_by_phase"] = remap_by_phase;
   if (r.launches_counted) {
     d["hit_rate"] = 1.0 - static_cast<double>(r.launches_missed) / static_cast<double>(r.launches_counted);
   } else {

@@ -1975,6 +1975,29 @@ TEST(Residency, APrefetchALaunchWaitedForIsCountedLate) {
   h.expect_clean();
 }
 
+// The migration thread's remap time, split by the eighth of the step it fell in (residency_stats::remap_us_by_phase):
+// with no learned step, all of it in the first eighth, and the eighths add up to the whole.
+TEST(Residency, RemapTimeIsSplitByTheStepsEighth) {
+  sim_driver sim(harness::make_sim(true, true));
+  allocator_options o = harness::make_options(64 * MiB, false, true, true);
+  o.residency.remap_hook = [](region_id) { std::this_thread::sleep_for(std::chrono::milliseconds(3)); };
+  caching_allocator alloc(sim, o);
+  void* a = alloc.allocate(2 * MiB, nullptr);
+  sim.launch(nullptr, {{reinterpret_cast<device_ptr>(a), 2 * MiB, true, 0x42}});
+  ASSERT_TRUE(alloc.request_evict(a));
+  alloc.residency_tick();
+  ASSERT_EQ(alloc.residency_of(a), region_residency::host);
+  const residency_stats st = alloc.residency();
+  EXPECT_GE(st.remap_us, 3000);
+  EXPECT_GE(st.remap_us_by_phase[0], 3000);
+  std::int64_t by_phase = 0;
+  for (const std::int64_t us : st.remap_us_by_phase) by_phase += us;
+  EXPECT_LE(st.remap_us - by_phase, 8) << "each eighth rounds down to a microsecond";
+  EXPECT_LE(by_phase, st.remap_us);
+  alloc.deallocate(a);
+  alloc.verify();
+}
+
 // Note [Waited prefetches first]: of the prefetches that land in one tick, the one a launch waits for remaps first.
 TEST(Residency, AWaitedPrefetchRemapsFirstInItsBatch) {
   sim_driver sim(harness::make_sim(true, true));

@@ -1107,9 +1107,7 @@ struct residency_engine::impl {
   // Creates the move's chunk if it has only room for one, and starts the copy into it: driver calls on the move's
   // own memory only.
   void start_prefetch_copy(swap_region& r) {
-    const scoped_ns_timer timed(remap_ns);
-    const scoped_ns_timer phase(remap_phase_ns());
-    const scoped_ns_timer part(stage_ns);
+    const scoped_ns_timer timed(remap_ns, remap_phase_ns(), stage_ns);
     move& m = *r.mv;
     if (!m.chunk) {
       free_releasing(m);  // Note [Releasing spares outside the lock]: the room first
@@ -1200,10 +1198,8 @@ struct residency_engine::impl {
   // it without the mutex while r.busy keeps everyone else off the region. Releases the gate (and launches waiting
   // for the prefetch) whether or not a call throws.
   void remap_busy(swap_region& r) {
-    const scoped_ns_timer timed(remap_ns);
-    const scoped_ns_timer phase(remap_phase_ns());
     move& m = *r.mv;
-    const scoped_ns_timer part(m.to_device ? remap_in_ns : remap_out_ns);
+    const scoped_ns_timer timed(remap_ns, remap_phase_ns(), m.to_device ? remap_in_ns : remap_out_ns);
     if (!gate::try_begin_remap(r.id, m.snapshot, m.to_device)) {
       m.refused = true;
       // The move is abandoned (end_finish). A prefetch's held launches run now, on the host copy that the VA still

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -36,16 +37,23 @@ inline std::int64_t elapsed_ns(std::chrono::steady_clock::time_point start) noex
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Adds the time from its construction to its destruction to `total` (ns), however the scope is left.
+// Adds the time from its construction to its destruction to each of its totals (ns), however the scope is left: one
+// interval read once, for a total and the parts it is split into.
 class scoped_ns_timer {
  public:
-  explicit scoped_ns_timer(std::atomic<std::int64_t>& total) noexcept : total_(total) {}
-  ~scoped_ns_timer() { total_ += elapsed_ns(start_); }
+  template <class... Totals>
+  explicit scoped_ns_timer(std::atomic<std::int64_t>& total, Totals&... more) noexcept : totals_{&total, &more...} {}
+  ~scoped_ns_timer() {
+    const std::int64_t ns = elapsed_ns(start_);
+    for (std::atomic<std::int64_t>* t : totals_) {
+      if (t) *t += ns;
+    }
+  }
   scoped_ns_timer(const scoped_ns_timer&) = delete;
   scoped_ns_timer& operator=(const scoped_ns_timer&) = delete;
 
  private:
-  std::atomic<std::int64_t>& total_;
+  std::array<std::atomic<std::int64_t>*, 3> totals_;  // unused slots null
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

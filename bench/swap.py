@@ -1925,6 +1925,16 @@ def sec(x):
     return "-" if x is None else f"{x:.4f}"
 
 
+def bitwise_text(side):
+    """The table's word for a side's losses against the resident run: yes, NO@<first differing step>, or -."""
+    return {True: "yes", False: f"NO@{side.get('first_differing_step')}", None: "-"}[side.get("losses_bitwise_equal")]
+
+
+def error_text(side):
+    """The first line of a peer's or variant's error, for the end of its line; empty without one."""
+    return f"  error: {(side.get('error') or '').splitlines()[0][:70]}" if side.get("error") else ""
+
+
 def print_table(res):
     print()
     q = "  [QUICK: tiny models, a smoke test, not a measurement]" if res["quick"] else ""
@@ -1969,7 +1979,7 @@ def print_table(res):
     for c in res["cases"]:
         ratio = f"{c['step_over_bound']:.2f}x" if c.get("step_over_bound") else "-"
         hit = f"{c['hit_rate']:.3f}" if c.get("hit_rate") is not None else "-"
-        eq = {True: "yes", False: f"NO@{c.get('first_differing_step')}", None: "-"}[c.get("losses_bitwise_equal")]
+        eq = bitwise_text(c)
         err = (c.get("error") or "").splitlines()[0][:60] if c.get("error") else ""
         print(f"{c['model']:<11} {c['budget_fraction']:>5.2f} {gb(c.get('budget_bytes')):>9} "
               f"{sec(c.get('step_s')):>8} {sec(c.get('resident_step_s')):>8} {sec(c.get('bound_s')):>8} {ratio:>8} "
@@ -1981,7 +1991,7 @@ def print_table(res):
             print(f"    paired per cycle: step / resident median {il['median_ratio']:.3f}"
                   + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "") + f" over {len(il['ratios_per_cycle'])} cycles")
         for name, v in (c.get("variants") or {}).items():
-            eq = {True: "yes", False: f"NO@{v.get('first_differing_step')}", None: "-"}[v.get("losses_bitwise_equal")]
+            eq = bitwise_text(v)
             env = ",".join(f"{k}={x}" for k, x in v["env"].items())
             vs = v.get("against_layerswap") or {}
             q = vs.get("quartiles")
@@ -1989,15 +1999,15 @@ def print_table(res):
                   if vs.get("median_ratio") else "")
             waits = v.get("launch_wait_s_per_step")
             waits = f", launch waits {waits * 1e3:.1f} ms/step" if waits is not None else ""
-            err = f"  error: {(v.get('error') or '').splitlines()[0][:70]}" if v.get("error") else ""
+            err = error_text(v)
             print(f"    variant {name} ({env}): step {sec(v.get('step_s'))} s{vs}, bitwise {eq}{waits}{err}")
         for name, p in c.get("peers", {}).items():
-            eq = {True: "yes", False: f"NO@{p.get('first_differing_step')}", None: "-"}[p.get("losses_bitwise_equal")]
+            eq = bitwise_text(p)
             speed = f", layerswap {p['layerswap_speedup']:.2f}x faster" if p.get("layerswap_speedup") else ""
             plan = p.get("plan") or {}
             res_blocks = plan.get("resident_blocks", plan.get("resident_blocks_planned"))
             within = {True: "within cap", False: "OVER cap", None: "cap n/a"}[p.get("within_cap")]
-            err = f"  error: {(p.get('error') or '').splitlines()[0][:70]}" if p.get("error") else ""
+            err = error_text(p)
             under = "  (OOM under the cap; rerun without it)" if p.get("error_under_cap") else ""
             moved = f", H2D {gb(p['bytes_h2d_per_step'])}B/step" if p.get("bytes_h2d_per_step") is not None else ""
             pair = ((p.get("interleave") or {}).get("layerswap_speedup") or {}).get("median_ratio")

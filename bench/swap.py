@@ -794,12 +794,76 @@ def self_test_processes():
     return 18
 
 
+def self_test_memory():
+    """An interleaved run whose processes would not fit the device together runs nothing and says which --processes
+    fits; one that fits is handed to the runner; a resident run that measured no overhead skips the check."""
+    import contextlib
+    import io
+
+    handed = []
+
+    class FakeRunner(_InterleaveFakeRunner):
+        overhead = 50
+
+        def run(self, side, run_cfg=None, env=None, tag=None, **extra):
+            out = super().run(side, run_cfg, env, tag, **extra)
+            if side == "resident":  # 3 sides: resident 1000, layerswap <= budget, block_swap max(cap, 1000)
+                out.update({"peak_reserved": 1000, "total_memory": 7000, "process_overhead_bytes": self.overhead})
+            return out
+
+        def interleave(self, members, cycles, block):
+            handed.append(len(members))
+            return {"order": []}
+
+    def run(processes, overhead=50):
+        FakeRunner.overhead = overhead
+        args = parse_args(["--cases", "llama-lora:0.25", "--margin-mib", "0", "--interleave", "3", "--block", "2",
+                           "--warmup", "1", "--steps", "7", "--processes", str(processes),
+                           "--sides", "layerswap,block_swap"])
+        with contextlib.redirect_stdout(io.StringIO()):
+            res = run_all(args, runner_class=FakeRunner)
+            print_table(res)
+        return res
+
+    # The fake budget is one 2 MiB granule, so the block swapper's cap is too: per process set (1000 + 50) +
+    # (2 MiB + 50) + (2 MiB + 50), over the 6790 planned of 7000: not even one set fits
+    per_set = 1050 + 2 * (2 * MIB + 50)
+    res = run(2)
+    (c,) = res["cases"]
+    fit = res["models"]["llama-lora"]["interleave_memory"]
+    assert handed == [] and fit["device_bytes"] == 6790 and fit["need_bytes"] == 2 * per_set, fit
+    assert c["error"].startswith("not run: 2 processes of each of 3 sides") and "--sides" in c["error"], c["error"]
+    # A device that holds 2.5 sets: 3 processes a side do not fit, 2 do.
+    FakeRunner.run_base = FakeRunner.run
+
+    def run_on(total, processes):
+        def patched(self, side, run_cfg=None, env=None, tag=None, **extra):
+            out = FakeRunner.run_base(self, side, run_cfg, env, tag, **extra)
+            if side == "resident":
+                out["total_memory"] = total
+            return out
+        FakeRunner.run = patched
+        try:
+            return run(processes)
+        finally:
+            FakeRunner.run = FakeRunner.run_base
+
+    res = run_on(int(2.5 * per_set / INTERLEAVE_MEMORY_SLACK), 3)
+    assert handed == [] and "run it with --processes 2" in res["cases"][0]["error"], res["cases"][0]["error"]
+    run_on(int(2.5 * per_set / INTERLEAVE_MEMORY_SLACK), 2)
+    assert handed == [6], handed  # 3 sides x 2 processes handed over
+    res = run(3, overhead=None)  # nothing measured: no check
+    assert handed == [6, 9] and res["models"]["llama-lora"]["interleave_memory"]["need_bytes"] is None, handed
+    return 8
+
+
 def self_test():
     passed = failed = 0
     for name, fn in (("bound and budget", self_test_bound), ("parent (fake workers)", self_test_parent),
                      ("rounds (fake workers)", self_test_rounds),
                      ("interleave (fake workers; lockstep with real processes)", self_test_interleave),
-                     ("processes per side (fake workers)", self_test_processes), ("merge", self_test_merge),
+                     ("processes per side (fake workers)", self_test_processes),
+                     ("device memory of an interleaved run (fake workers)", self_test_memory), ("merge", self_test_merge),
                      ("block swapper", self_test_swapper)):
         try:
             n = fn()
@@ -1100,6 +1164,12 @@ def worker_train(spec, out, log):
                 except Exception as err:
                     out[key] = None
                     log(f"warning: torch.cuda.{fn.__name__} failed: {type(err).__name__}: {err}")
+            if side == "resident" and gate is None:  # alone on the device: what the process holds besides the cache
+                try:
+                    free, total_now = torch.cuda.mem_get_info(device)
+                    out["process_overhead_bytes"] = max(0, total_now - free - torch.cuda.memory_reserved(device))
+                except Exception as err:
+                    log(f"warning: torch.cuda.mem_get_info failed: {type(err).__name__}: {err}")
         if profiler is not None:
             out["gpu_profile"] = profiler.finish()
             log(f"gpu profile: {out['gpu_profile']}")
@@ -1625,6 +1695,17 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
                 members.append({"key": (peer, f), "side": peer, "run_cfg": cfg, "tag": f"{case} {peer} {f:g}",
                                 "extra": dict(common, enforce_cap=cuda), "uncapped": uncapped if cuda else None})
     k = args.processes
+    if cuda:
+        fit = interleave_memory(members, k, resident)
+        model["interleave_memory"] = fit
+        if fit["need_bytes"] is not None and fit["need_bytes"] > fit["device_bytes"]:
+            # Found on an 80 GB H100 (session 32): 3 processes of 6 LoRA sides filled the device and a peer's run
+            # without the cap ran out of memory mid-run, losing that side's figures. Say so before running anything.
+            error = interleave_memory_error(fit, k)
+            for c, _, _ in cases:
+                c["error"] = error
+            print(f"   {error}", flush=True)
+            return
     if k > 1:  # process 0 keeps the side's key; the others are (key, i)
         members = [m if i == 0 else dict(m, key=(m["key"], i), tag=f"{m['tag']} #{i}",
                                          uncapped=m.get("uncapped") and dict(m["uncapped"], key=(m["key"], i),
@@ -1716,6 +1797,45 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
         for v in (c.get("variants") or {}).values():  # the bound of the interleaved resident, as the case's
             v["bound_s"] = c.get("bound_s")
             v["step_over_bound"] = v["step_s"] / v["bound_s"] if v.get("step_s") and v["bound_s"] else None
+
+
+INTERLEAVE_MEMORY_SLACK = 0.97  # the share of the device's memory the interleaved processes may plan to hold
+
+
+def interleave_memory(members, k, resident):
+    """The device memory an interleaved run of `members` (each run in `k` processes) will hold at most, all processes
+    being alive at once: the resident side its run's peak reserved memory; a layerswap side its budget; a peer its
+    cap or, since a peer that runs out of memory under the cap runs again without it, the resident peak if larger;
+    and every process the memory a process holds besides its allocator's cache (CUDA context, libraries), measured by
+    the resident run alone (`process_overhead_bytes`). need_bytes is None when the resident run measured too little."""
+    peak = resident.get("peak_reserved")
+    overhead = resident.get("process_overhead_bytes")
+    device = resident.get("total_memory")
+    if peak is None or overhead is None or not device:
+        return {"need_bytes": None, "device_bytes": device, "sides": {}}
+    sides = {}
+    for m in members:
+        extra = m.get("extra") or {}
+        if m["side"] == "resident":
+            held = peak
+        elif m["side"] == "layerswap":
+            held = extra.get("budget_bytes") or peak
+        else:
+            held = max(extra.get("cap_bytes") or 0, peak)
+        sides[m["tag"]] = (held + overhead) * k
+    return {"need_bytes": sum(sides.values()), "device_bytes": int(device * INTERLEAVE_MEMORY_SLACK),
+            "process_overhead_bytes": overhead, "processes_per_side": k, "sides": sides}
+
+
+def interleave_memory_error(fit, k):
+    """The error of an interleaved run that would not fit the device: what it needs, and the --processes that fit."""
+    per_process = fit["need_bytes"] / k
+    fits = int(fit["device_bytes"] // per_process)
+    fix = (f"run it with --processes {fits}" if fits >= 1 else "run fewer sides or cases at a time (--sides, --cases)")
+    return (f"not run: {k} processes of each of {len(fit['sides'])} sides would hold up to {gb(fit['need_bytes'])} of "
+            f"device memory together (each process {gb(fit['process_overhead_bytes'])} besides its allocator; the "
+            f"peers counted at their uncapped size), over the {gb(fit['device_bytes'])} planned for "
+            f"({INTERLEAVE_MEMORY_SLACK:.0%} of the device); {fix}")
 
 
 def block_medians(r):
@@ -2084,7 +2204,9 @@ def parse_args(argv=None):
                    help="with --interleave: K processes of every side, all taking turns; a side's step and its paired "
                         "ratios are then pooled over its processes (per cycle, the median of their block medians), and "
                         "each process's step and losses check are kept (default 1). One process of a side can sit "
-                        "5-13%% from another on the H200 (bench/process_spread.py)")
+                        "5-13%% from another on the H200 (bench/process_spread.py). All the processes hold device "
+                        "memory at once: a run that would not fit the device is refused after the resident run "
+                        "alone, with the K that fits (the LoRA record's 6 sides: 3 on an H200, 2 on an 80 GB H100)")
     p.add_argument("--block", type=int, default=3,
                    help="with --interleave: steps per turn (default 3; the first of each is left out, it follows a "
                         "pause)")

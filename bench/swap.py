@@ -863,7 +863,8 @@ def self_test():
                      ("rounds (fake workers)", self_test_rounds),
                      ("interleave (fake workers; lockstep with real processes)", self_test_interleave),
                      ("processes per side (fake workers)", self_test_processes),
-                     ("device memory of an interleaved run (fake workers)", self_test_memory), ("merge", self_test_merge),
+                     ("device memory of an interleaved run (fake workers)", self_test_memory),
+                     ("merge", self_test_merge),
                      ("block swapper", self_test_swapper)):
         try:
             n = fn()

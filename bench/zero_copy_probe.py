@@ -58,7 +58,7 @@ def host_vmm_tensor(cu, dev, shape, keep):
 
 
 def pinned_tensor(shape, keep):
-    """A bf16 CUDA tensor of `shape` over cudaHostAlloc memory (unified addressing: its host pointer is the device's)."""
+    """A bf16 CUDA tensor of `shape` over cudaHostAlloc memory (unified addressing: the host pointer serves the GPU)."""
     host = torch.empty(shape, dtype=torch.bfloat16, pin_memory=True)
     keep.append(host)
     return torch.as_tensor(_CudaArray(host.data_ptr(), shape), device="cuda").view(torch.bfloat16)

@@ -804,19 +804,21 @@ def self_test_memory():
 
     class FakeRunner(_InterleaveFakeRunner):
         overhead = 50
+        total = 7000
 
         def run(self, side, run_cfg=None, env=None, tag=None, **extra):
             out = super().run(side, run_cfg, env, tag, **extra)
             if side == "resident":  # 3 sides: resident 1000, layerswap <= budget, block_swap max(cap, 1000)
-                out.update({"peak_reserved": 1000, "total_memory": 7000, "process_overhead_bytes": self.overhead})
+                out.update({"peak_reserved": 1000, "total_memory": self.total,
+                            "process_overhead_bytes": self.overhead})
             return out
 
         def interleave(self, members, cycles, block):
             handed.append(len(members))
             return {"order": []}
 
-    def run(processes, overhead=50):
-        FakeRunner.overhead = overhead
+    def run(processes, overhead=50, total=7000):
+        FakeRunner.overhead, FakeRunner.total = overhead, total
         args = parse_args(["--cases", "llama-lora:0.25", "--margin-mib", "0", "--interleave", "3", "--block", "2",
                            "--warmup", "1", "--steps", "7", "--processes", str(processes),
                            "--sides", "layerswap,block_swap"])
@@ -834,23 +836,10 @@ def self_test_memory():
     assert handed == [] and fit["device_bytes"] == 6790 and fit["need_bytes"] == 2 * per_set, fit
     assert c["error"].startswith("not run: 2 processes of each of 3 sides") and "--sides" in c["error"], c["error"]
     # A device that holds 2.5 sets: 3 processes a side do not fit, 2 do.
-    FakeRunner.run_base = FakeRunner.run
-
-    def run_on(total, processes):
-        def patched(self, side, run_cfg=None, env=None, tag=None, **extra):
-            out = FakeRunner.run_base(self, side, run_cfg, env, tag, **extra)
-            if side == "resident":
-                out["total_memory"] = total
-            return out
-        FakeRunner.run = patched
-        try:
-            return run(processes)
-        finally:
-            FakeRunner.run = FakeRunner.run_base
-
-    res = run_on(int(2.5 * per_set / INTERLEAVE_MEMORY_SLACK), 3)
+    holds_two_and_a_half = int(2.5 * per_set / INTERLEAVE_MEMORY_SLACK)
+    res = run(3, total=holds_two_and_a_half)
     assert handed == [] and "run it with --processes 2" in res["cases"][0]["error"], res["cases"][0]["error"]
-    run_on(int(2.5 * per_set / INTERLEAVE_MEMORY_SLACK), 2)
+    run(2, total=holds_two_and_a_half)
     assert handed == [6], handed  # 3 sides x 2 processes handed over
     res = run(3, overhead=None)  # nothing measured: no check
     assert handed == [6, 9] and res["models"]["llama-lora"]["interleave_memory"]["need_bytes"] is None, handed

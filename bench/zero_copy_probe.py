@@ -18,6 +18,7 @@ Prints a table and writes JSON to --out."""
 import argparse
 import ctypes
 import json
+import math
 import statistics
 
 import torch
@@ -39,10 +40,7 @@ class _CudaArray:
 
 def host_vmm_tensor(cu, dev, shape, keep):
     """A bf16 CUDA tensor of `shape` backed by host-located VMM memory at a VA of its own (an evicted region)."""
-    n = 1
-    for s in shape:
-        n *= s
-    size = -(-(2 * n) // GRAN) * GRAN
+    size = -(-(2 * math.prod(shape)) // GRAN) * GRAN
     prop = Prop()
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
     prop.location = Loc(CU_MEM_LOCATION_TYPE_HOST, 0)

@@ -846,6 +846,16 @@ def self_test_memory():
     return 8
 
 
+def self_test_report():
+    """The report's launch figures: waits always, the driver's part only where the tracker timed the launches."""
+    timed = launch_text({"launch_wait_s_per_step": 0.0029, "launch_driver_s_per_step": 0.0294})
+    assert timed == ", launch waits 2.9 ms/step, launches in the driver 29.4 ms/step", timed
+    untimed = launch_text({"launch_wait_s_per_step": 0.0, "launch_driver_s_per_step": 0.0})  # LAYERSWAP_TRACK=0
+    assert untimed == ", launch waits 0.0 ms/step", untimed
+    assert launch_text({}) == "", launch_text({})  # not a layerswap side
+    return 3
+
+
 def self_test():
     passed = failed = 0
     for name, fn in (("bound and budget", self_test_bound), ("parent (fake workers)", self_test_parent),
@@ -853,7 +863,7 @@ def self_test():
                      ("interleave (fake workers; lockstep with real processes)", self_test_interleave),
                      ("processes per side (fake workers)", self_test_processes),
                      ("device memory of an interleaved run (fake workers)", self_test_memory),
-                     ("merge", self_test_merge),
+                     ("merge", self_test_merge), ("report", self_test_report),
                      ("block swapper", self_test_swapper)):
         try:
             n = fn()
@@ -2035,6 +2045,16 @@ def sec(x):
     return "-" if x is None else f"{x:.4f}"
 
 
+def launch_text(side):
+    """The launching threads' figures of a layerswap side, per timed step: their waits for prefetches and, when the
+    tracker timed them (not with LAYERSWAP_TRACK=0 or subscribe-only), their time inside the driver's launch calls
+    (docs/swapping.md, "Reading the figures")."""
+    waits = side.get("launch_wait_s_per_step")
+    driver = side.get("launch_driver_s_per_step")
+    text = f", launch waits {waits * 1e3:.1f} ms/step" if waits is not None else ""
+    return text + (f", launches in the driver {driver * 1e3:.1f} ms/step" if driver else "")
+
+
 def bitwise_text(side):
     """The table's word for a side's losses against the resident run: yes, NO@<first differing step>, or -."""
     return {True: "yes", False: f"NO@{side.get('first_differing_step')}", None: "-"}[side.get("losses_bitwise_equal")]
@@ -2099,7 +2119,8 @@ def print_table(res):
         if il.get("median_ratio"):
             q = il.get("quartiles")
             print(f"    paired per cycle: step / resident median {il['median_ratio']:.3f}"
-                  + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "") + f" over {len(il['ratios_per_cycle'])} cycles")
+                  + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "") + f" over {len(il['ratios_per_cycle'])} cycles"
+                  + launch_text(c))
         for name, v in (c.get("variants") or {}).items():
             eq = bitwise_text(v)
             env = ",".join(f"{k}={x}" for k, x in v["env"].items())
@@ -2107,10 +2128,8 @@ def print_table(res):
             q = vs.get("quartiles")
             vs = (f", per cycle {vs['median_ratio']:.3f}x the default" + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "")
                   if vs.get("median_ratio") else "")
-            waits = v.get("launch_wait_s_per_step")
-            waits = f", launch waits {waits * 1e3:.1f} ms/step" if waits is not None else ""
             err = error_text(v)
-            print(f"    variant {name} ({env}): step {sec(v.get('step_s'))} s{vs}, bitwise {eq}{waits}{err}")
+            print(f"    variant {name} ({env}): step {sec(v.get('step_s'))} s{vs}, bitwise {eq}{launch_text(v)}{err}")
         for name, p in c.get("peers", {}).items():
             eq = bitwise_text(p)
             speed = f", layerswap {p['layerswap_speedup']:.2f}x faster" if p.get("layerswap_speedup") else ""

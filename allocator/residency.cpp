@@ -48,8 +48,9 @@
 //   the mutex) until it is not, moving_locked() says it moves, and regions cannot be removed. Settling and
 //   synchronous evictions, already waiting on the host, do all three steps with the mutex held. The moves the
 //   policy starts go the same way: under the mutex it decides and begins them (the region busy, defer_start);
-//   without it, tick() makes a prefetch's chunk and enqueues each move's fences and copy or check (start_deferred);
-//   under the mutex again, end_start undoes a move whose copy failed to start.
+//   without it, tick() makes a prefetch's chunk and enqueues each move's fences and copy or check
+//   (start_all_deferred; the checks with one digest launch: Note [Batched checks]); under the mutex again, end_start
+//   undoes a move whose copy failed to start.
 //
 // Note [Releasing spares outside the lock]
 //   A prefetch with no spare chunk of its size and no room in the budget releases spares of other sizes to make its
@@ -87,8 +88,8 @@
 //     prefetch remaps, that digest describes the host copy (no launch touched the region between the snapshot and
 //     the remap: Note [Remap under the gate]), and the region keeps it (digest_known);
 //   * an eviction of a region with a known digest first enqueues, after its fences, only a digest of the region
-//     (a "check"). When it completes (poll_moves, settle: resolve_check) and equals the known one, the host copy is
-//     current: the move goes straight to its remap with no copy (writeback_skipped), and the gate still refuses it
+//     (a "check"; the checks a policy round starts share one launch: Note [Batched checks]). When it completes
+//     (poll_moves, settle: resolve_check) and equals the known one, the host copy is current: the move goes straight to its remap with no copy (writeback_skipped), and the gate still refuses it
 //     if a launch touched the region since the snapshot. Otherwise the region is dirty: the copy is enqueued then,
 //     its fences being long passed, and the move goes on as any eviction;
 //   * any copy into the host backing makes the known digest stale (digest_known = false) until the next prefetch,
@@ -99,6 +100,23 @@
 //   A skip loses a write only if the region changed and both 64-bit lanes of the digest still match: about 2^-128
 //   for unrelated content. The result words are poisoned before each check (the complement of the known digest),
 //   so a digest that never ran reads as dirty, never as clean. Where the port cannot digest, every eviction copies.
+//
+// Note [Batched checks]
+//   A check is a digest kernel launch, and launches cost driver time whatever they digest: the ~200 checks a step of
+//   the 1.1B LoRA at 25% cost the program's launching threads ~1.5 ms of driver time a step on the H100, ~7.5 us each
+//   (docs/swapping.md, session 33), though they run on the migration thread. The evictions a policy round starts are
+//   left to tick() to enqueue (defer_start), so tick() gives the checks among them one launch (start_all_deferred,
+//   driver::digest_many_async; the real port takes up to 32 ranges a launch): first every check's snapshot and
+//   fences (fence), then one digest of all their regions on the D2H stream, then each one's `done`
+//   (end_copy_start). Each digest still comes after its own fences: fences recorded later are later points of the
+//   same streams. The checks go before the batch's copies on the D2H stream, so that clean regions' pages come back
+//   without waiting for dirty regions' copies. What Note [Write-back] guarantees stays: the words are poisoned
+//   before, so a range the launch never digested reads as dirty; if the launch fails, every check of the batch
+//   copies instead (and digests are off from now on), and the words are left to whatever the launch may have
+//   digested; a check whose own fences or `done` fail is undone alone (end_start). Prefetches' digests are not
+//   batched: each follows its own copy, and one launch for a batch would have every prefetch of it land only when
+//   its last copy does. residency_options::batch_digests (LSDEV_DIGEST_BATCH=0, a development switch for A/B runs)
+//   turns batching off.
 //
 // Note [Policy]
 //   With a learned forecast: regions get a rank (their index in the forecast; absent = no forecast). The wanted set is
@@ -920,6 +938,20 @@ struct residency_engine::impl {
       return false;
     }
   }
+  // Note [Batched checks]: enqueues the checks' digests of `checks` (evictions, their fences enqueued) on `stream`
+  // in one call; false (digests off from now on) if it fails. Without the mutex.
+  bool enqueue_digests(std::span<swap_region* const> checks, stream_handle stream) noexcept {
+    try {
+      std::vector<digest_range> ranges;
+      ranges.reserve(checks.size());
+      for (const swap_region* r : checks) ranges.push_back({r->va, r->bytes, r->mv->words});
+      port.digest_many_async(ranges, stream);
+      return true;
+    } catch (const std::exception& e) {
+      no_digests(e);
+      return false;
+    }
+  }
   // An eviction's check has completed (mutex held): true when the move may finish now (clean, or cancelled);
   // false when the region was dirty and its copy is now enqueued, or (r.mv gone) the copy failed to start and the
   // move was abandoned.
@@ -954,9 +986,20 @@ struct residency_engine::impl {
   }
 
   // Starts the copy of `r` into the move's destination after fences on m.fence_streams (Note [Shadow copies]);
-  // none: nothing pending on any stream touches r (Note [Unfenced prefetch]). Events come from the caller's pool
-  // (take_event, mutex held) or are created (tick(), without the mutex).
+  // none: nothing pending on any stream touches r (Note [Unfenced prefetch]). An eviction with a check enqueues its
+  // digest instead (Note [Write-back]). Events come from the caller's pool (take_event, mutex held) or are created
+  // (tick(), without the mutex).
   void start_copy(swap_region& r, move& m, stream_handle copy_stream) {
+    fence(r, m, copy_stream);
+    bool digesting = false;
+    if (m.checking && !(digesting = enqueue_digest(r, m, r.va, copy_stream))) {
+      m.checking = false;  // Note [Write-back]: digests failed, copy instead
+      r.digest_known = false;
+    }
+    end_copy_start(r, m, copy_stream, digesting);
+  }
+  // The first part of start_copy: the snapshot, and the fences (the copy stream waits for them).
+  void fence(swap_region& r, move& m, stream_handle copy_stream) {
     const std::uint64_t sequence = gate::sequence(r.id);
     m.snapshot = sequence;
     if (m.to_device) {
@@ -979,21 +1022,21 @@ struct residency_engine::impl {
       port.record(e, s);
       port.stream_wait(copy_stream, e);
     }
+  }
+  // The last part: after the fences and an eviction's check digest (`digesting`: one may be enqueued into the
+  // region's words), the copy unless the move checks, a prefetch's digest, and `done`.
+  void end_copy_start(swap_region& r, move& m, stream_handle copy_stream, bool digesting) {
     // m.done is set only once recorded: a move with m.done is one whose copy is enqueued (end_start, recycle).
-    event_handle done = m.spare_fences.empty() ? port.create_event() : pop(m.spare_fences);
-    bool digesting = false;
+    event_handle done = nullptr;
     try {
-      if (m.checking && !(digesting = enqueue_digest(r, m, r.va, copy_stream))) {
-        m.checking = false;  // Note [Write-back]: digests failed, copy instead
-        r.digest_known = false;
-      }
+      done = m.spare_fences.empty() ? port.create_event() : pop(m.spare_fences);
       if (!m.checking) {
         port.copy_async(m.shadow, r.va, r.bytes, copy_stream);
         if (m.digested) m.digested = digesting = enqueue_digest(r, m, m.shadow, copy_stream);
       }
       port.record(done, copy_stream);
     } catch (...) {
-      m.spare_fences.push_back(done);
+      if (done) m.spare_fences.push_back(done);
       if (digesting) {  // the digest may still write the region's words: they are left to it, never reused
         r.digest_slot = k_no_slot;
         r.digest_known = false;
@@ -1069,6 +1112,49 @@ struct residency_engine::impl {
       start_prefetch_copy(r);
     } else {
       start_copy(r, *r.mv, d2h);
+    }
+  }
+  // tick(), without the mutex: the deferred starts of the moves the policy began, the evictions' checks with one
+  // digest launch (Note [Batched checks]). A move that fails to start keeps its failure in `failure` (the first) and
+  // is left without `done`, for end_start to undo; the others go on.
+  void start_all_deferred(std::span<swap_region* const> regions, std::exception_ptr& failure) {
+    std::vector<swap_region*> checks;
+    std::vector<swap_region*> others;
+    for (swap_region* r : regions) {
+      const bool batched = options.batch_digests && !r->mv->to_device && r->mv->checking;
+      (batched ? checks : others).push_back(r);
+    }
+    std::vector<swap_region*> fenced;
+    for (swap_region* r : checks) {
+      try {
+        fence(*r, *r->mv, d2h);
+        fenced.push_back(r);
+      } catch (...) {
+        keep_first(failure);
+      }
+    }
+    // Every check's fences, then their digests: each digest comes after its own fences.
+    const bool digests_on = !fenced.empty() && digest_support.load(std::memory_order_relaxed) > 0;
+    const bool digesting = digests_on && enqueue_digests(fenced, d2h);
+    for (swap_region* r : fenced) {
+      move& m = *r->mv;
+      if (!digesting) {
+        m.checking = false;  // Note [Write-back]: digests failed, copy instead
+        r->digest_known = false;
+      }
+      try {
+        // A digest launch that failed may have digested some ranges first: their words are left to it too.
+        end_copy_start(*r, m, d2h, digests_on);
+      } catch (...) {
+        keep_first(failure);
+      }
+    }
+    for (swap_region* r : others) {
+      try {
+        start_deferred(*r);
+      } catch (...) {
+        keep_first(failure);
+      }
     }
   }
 
@@ -1317,22 +1403,35 @@ struct residency_engine::impl {
     remap_busy(r);
   }
 
-  // tick(): `work` on each of `busy_regions` without the mutex (a failure is kept in `failure`, the rest go on),
-  // then `done` on each with it (Note [Remaps outside the lock]).
+  // tick(): `work` on `busy_regions` without the mutex, then `done` on each with it (Note [Remaps outside the lock]).
+  // `work` keeps a region's failure in `failure` (the first) and goes on with the others; a failure of its own
+  // (memory) is kept too, and `done` still sees every region.
   void outside_lock(std::unique_lock<std::mutex>& lock, const std::vector<swap_region*>& busy_regions,
-                    void (impl::*work)(swap_region&), void (impl::*done)(swap_region&), std::exception_ptr& failure) {
+                    void (impl::*work)(std::span<swap_region* const>, std::exception_ptr&),
+                    void (impl::*done)(swap_region&), std::exception_ptr& failure) {
     if (busy_regions.empty()) return;
     lock.unlock();
-    for (swap_region* r : busy_regions) {
-      try {
-        (this->*work)(*r);
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
+    try {
+      (this->*work)(busy_regions, failure);
+    } catch (...) {
+      keep_first(failure);
     }
     lock.lock();
     for (swap_region* r : busy_regions) (this->*done)(*r);
     busy_cv.notify_all();
+  }
+  static void keep_first(std::exception_ptr& failure) noexcept {
+    if (!failure) failure = std::current_exception();
+  }
+  // tick(), without the mutex: the remaps of moves whose copies are done.
+  void remap_all(std::span<swap_region* const> regions, std::exception_ptr& failure) {
+    for (swap_region* r : regions) {
+      try {
+        remap_busy(*r);
+      } catch (...) {
+        keep_first(failure);
+      }
+    }
   }
 
   // Waits (releasing the mutex, which the caller holds) until `r` is not being remapped outside the mutex.
@@ -1845,7 +1944,7 @@ void residency_engine::tick() {
   std::unique_lock lock(m.mutex);
   std::exception_ptr failure;
   const std::vector<swap_region*> finished = m.poll_moves();
-  m.outside_lock(lock, finished, &impl::remap_busy, &impl::end_finish, failure);
+  m.outside_lock(lock, finished, &impl::remap_all, &impl::end_finish, failure);
   // Note [Policy rounds]: the migration thread runs the policy when a move finished (pages and regions changed)
   // or launches wait for a prefetch, else at most every k_policy_period: a round holds the allocator mutex, and
   // the program's allocations wait meanwhile (a LoRA step allocates every ~25 us, so nearly every round makes
@@ -1883,7 +1982,7 @@ void residency_engine::tick() {
     ++m.st.policy_rounds;
     m.st.policy_us += elapsed_us(now);
   }
-  m.outside_lock(lock, std::exchange(m.starting, {}), &impl::start_deferred, &impl::end_start, failure);
+  m.outside_lock(lock, std::exchange(m.starting, {}), &impl::start_all_deferred, &impl::end_start, failure);
   m.quiet.store(m.moving.empty() && !failure, std::memory_order_relaxed);  // Note [Idle engine]
   if (failure) std::rethrow_exception(failure);
 }

@@ -49,6 +49,9 @@ struct residency_options {
   // LAYERSWAP_WRITEBACK=skip-clean: skip an eviction's copy when the region's digest proves the host copy current
   // (residency.cpp, Note [Write-back]); needs driver::can_digest().
   bool skip_clean = true;
+  // Digest the checks of the evictions a policy round starts with one kernel launch, not one each (residency.cpp,
+  // Note [Batched checks]). Not a setting: LSDEV_DIGEST_BATCH=0 turns it off for A/B runs (registry.cpp).
+  bool batch_digests = true;
   // LAYERSWAP_CACHE_RESERVE (residency.cpp, Note [Cache reserve]): device bytes the policy leaves to the
   // allocator's cache. Automatic: grown by note_cache_miss_locked(), at most half the policy's room; else fixed.
   bool cache_reserve_auto = false;

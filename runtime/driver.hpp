@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace layerswap {
 
@@ -26,6 +27,13 @@ using stream_handle = void*;
 using event_handle = void*;
 
 enum class memory_location : std::uint8_t { device, host };
+
+// One range of driver::digest_many_async: what digest_async takes, for one range.
+struct digest_range {
+  device_ptr va = 0;
+  std::size_t bytes = 0;
+  std::uint64_t* out = nullptr;
+};
 
 class driver {
  public:
@@ -78,8 +86,15 @@ class driver {
   // multiple of 16) in out[0], out[1], memory from alloc_host_words; the host reads it once an event recorded on
   // `stream` afterwards has completed. alloc_host_words: page-locked host memory for `n` 64-bit words, zeroed,
   // that the device may write; free_host_words releases it (no work may still write it).
+  // digest_many_async: digest_async for each of `ranges` (the same preconditions; each its own result words), in
+  // as few launches as the port can (the real one: up to 32 ranges a kernel launch), so that digesting many regions
+  // does not cost a launch each: when `stream` reaches it, stores each range's digest in its words. Every range is
+  // checked before anything is enqueued: a bad one throws with nothing enqueued. A launch that fails after others
+  // were enqueued throws too, and the ranges of those may still be digested (their words written) when `stream`
+  // reaches them. An empty `ranges` enqueues nothing.
   [[nodiscard]] virtual bool can_digest() = 0;
   virtual void digest_async(device_ptr va, std::size_t bytes, std::uint64_t* out, stream_handle stream) = 0;
+  virtual void digest_many_async(std::span<const digest_range> ranges, stream_handle stream) = 0;
   [[nodiscard]] virtual std::uint64_t* alloc_host_words(std::size_t n) = 0;
   virtual void free_host_words(std::uint64_t* words) = 0;
 

@@ -134,7 +134,7 @@ struct op {
   std::uint64_t id = 0;                  // record, wait: a record sequence (0: nothing to wait for); gate: its id;
                                          // value_wait, value_write: the value (ranges[0]: the 32-bit word)
   std::uint64_t event = 0;               // record, wait: the event's id
-  std::uint64_t* out = nullptr;          // digest: where the result goes (ranges[0]: the range read)
+  std::vector<std::uint64_t*> out{};     // digest: where each range's result goes (ranges: the ranges read)
 };
 
 struct stream_state {
@@ -233,7 +233,8 @@ struct sim_driver::impl {
   std::size_t maps = 0;
   std::size_t unmaps = 0;
   std::size_t host_waits = 0;
-  std::size_t digests = 0;
+  std::size_t digests = 0;          // ranges digested
+  std::size_t digest_launches = 0;  // digest operations (one per digest_async or digest_many_async call)
   std::size_t synchronizes = 0;
   std::size_t reserved = 0;
 
@@ -501,30 +502,51 @@ struct sim_driver::impl {
     }
   }
 
-  // The digest of runtime/digest.hpp, over the bytes the range holds when the operation runs.
+  // The digest of runtime/digest.hpp of each range, over the bytes it holds when the operation runs.
   void execute_digest(const op& o, std::uint64_t stream) {
-    const sim_driver::access& r = o.ranges[0];
-    digest128 sums;
-    fault_tally faults;
-    for (std::size_t done = 0; done < r.bytes;) {
-      const std::size_t n = piece(r.va + done, r.bytes - done);  // granules are multiples of 8 bytes
-      fault why = fault::none;
-      if (const std::byte* p = resolve(r.va + done, true, why)) {
-        digest_add(sums, p, n / 8, done / 8);
-      } else {
-        faults.add(why, r.va + done, n);
+    ++digest_launches;
+    for (std::size_t k = 0; k < o.ranges.size(); ++k) {
+      const sim_driver::access& r = o.ranges[k];
+      digest128 sums;
+      fault_tally faults;
+      for (std::size_t done = 0; done < r.bytes;) {
+        const std::size_t n = piece(r.va + done, r.bytes - done);  // granules are multiples of 8 bytes
+        fault why = fault::none;
+        if (const std::byte* p = resolve(r.va + done, true, why)) {
+          digest_add(sums, p, n / 8, done / 8);
+        } else {
+          faults.add(why, r.va + done, n);
+        }
+        done += n;
       }
-      done += n;
+      ++digests;
+      if (faults.any()) {
+        violation(op_text(o, stream) + ": read of " + range_text(r.va, r.bytes) + " faulted: " + faults.text());
+        continue;  // the result is left as it was, as a faulting kernel would leave it
+      }
+      if (digest_drops_results) continue;
+      const digest128 d = digest_finish(sums, r.bytes / 8);
+      o.out[k][0] = d.a;
+      o.out[k][1] = d.b;
     }
-    ++digests;
-    if (faults.any()) {
-      violation(op_text(o, stream) + ": read of " + range_text(r.va, r.bytes) + " faulted: " + faults.text());
-      return;  // the result is left as it was, as a faulting kernel would leave it
+  }
+
+  // Checks and enqueues one digest operation for `ranges` (digest_async: one range; `call` names the call).
+  void enqueue_digest(const std::string& call, std::span<const digest_range> ranges, stream_handle stream, bool many) {
+    stream_state& s = this->stream(stream, call);
+    if (!digest_enabled) fail(k_not_supported, call, "this simulated device has no digest kernel (sim_options.digest)");
+    op o{op_kind::digest, 0, {}, 0, 0};
+    for (std::size_t k = 0; k < ranges.size(); ++k) {
+      const digest_range& r = ranges[k];
+      const std::string which = many ? "range " + std::to_string(k) + " " + range_text(r.va, r.bytes) + ": " : "";
+      if (r.bytes % 16 != 0 || r.va % 16 != 0 || r.bytes == 0) {
+        fail(k_invalid_value, call, which + "the range must be 16-byte aligned and non-empty");
+      }
+      if (r.out == nullptr) fail(k_invalid_value, call, which + "no result words");
+      o.ranges.push_back(sim_driver::access{r.va, r.bytes, false, 0});
+      o.out.push_back(r.out);
     }
-    if (digest_drops_results) return;
-    const digest128 d = digest_finish(sums, r.bytes / 8);
-    o.out[0] = d.a;
-    o.out[1] = d.b;
+    if (!o.ranges.empty()) enqueue(s, std::move(o));
   }
 
   void execute_copy(const op& o, std::uint64_t stream) {
@@ -979,12 +1001,15 @@ bool sim_driver::can_digest() { return impl_->digest_enabled; }
 void sim_driver::digest_async(device_ptr va, std::size_t bytes, std::uint64_t* out, stream_handle stream) {
   impl& m = *impl_;
   std::lock_guard lock(m.mutex);
-  const std::string call = "digest_async(" + range_text(va, bytes) + ", out=" + hex_ptr(out) + ")";
-  stream_state& s = m.stream(stream, call);
-  if (!m.digest_enabled) fail(k_not_supported, call, "this simulated device has no digest kernel (sim_options.digest)");
-  if (bytes % 16 != 0 || va % 16 != 0 || bytes == 0) fail(k_invalid_value, call, "the range must be 16-byte aligned and non-empty");
-  if (out == nullptr) fail(k_invalid_value, call, "no result words");
-  m.enqueue(s, op{op_kind::digest, 0, {access{va, bytes, false, 0}}, 0, 0, out});
+  const digest_range range{va, bytes, out};
+  m.enqueue_digest("digest_async(" + range_text(va, bytes) + ", out=" + hex_ptr(out) + ")", {&range, 1}, stream, false);
+}
+
+void sim_driver::digest_many_async(std::span<const digest_range> ranges, stream_handle stream) {
+  impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  m.enqueue_digest("digest_many_async(" + std::to_string(ranges.size()) + " ranges, stream=" + hex_ptr(stream) + ")",
+                   ranges, stream, true);
 }
 
 std::uint64_t* sim_driver::alloc_host_words(std::size_t n) { return new std::uint64_t[n == 0 ? 1 : n](); }
@@ -1175,6 +1200,10 @@ std::size_t sim_driver::num_unmaps() const {
 std::size_t sim_driver::num_digests() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->digests;
+}
+std::size_t sim_driver::num_digest_launches() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->digest_launches;
 }
 
 std::size_t sim_driver::num_host_waits() const {

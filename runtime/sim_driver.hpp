@@ -77,6 +77,7 @@ class sim_driver final : public driver {
   void stream_wait_value(stream_handle stream, device_ptr addr, std::uint32_t value) override;
   [[nodiscard]] bool can_digest() override;
   void digest_async(device_ptr va, std::size_t bytes, std::uint64_t* out, stream_handle stream) override;
+  void digest_many_async(std::span<const digest_range> ranges, stream_handle stream) override;
   [[nodiscard]] std::uint64_t* alloc_host_words(std::size_t n) override;
   void free_host_words(std::uint64_t* words) override;
   void copy_async(device_ptr dst, device_ptr src, std::size_t bytes, stream_handle stream) override;
@@ -115,7 +116,9 @@ class sim_driver final : public driver {
   [[nodiscard]] std::size_t num_releases() const;
   [[nodiscard]] std::size_t num_maps() const;    // successful map() calls
   [[nodiscard]] std::size_t num_unmaps() const;  // successful unmap() calls
-  [[nodiscard]] std::size_t num_digests() const;       // digest operations executed
+  [[nodiscard]] std::size_t num_digests() const;          // ranges digested (executed), however enqueued
+  [[nodiscard]] std::size_t num_digest_launches() const;  // digest operations executed: one per digest_async or
+                                                          // non-empty digest_many_async call (a kernel launch)
   [[nodiscard]] std::size_t num_host_waits() const;    // wait() calls
   [[nodiscard]] std::size_t num_synchronizes() const;  // synchronize() calls
   [[nodiscard]] std::size_t num_reserved_bytes() const;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -238,6 +239,102 @@ TEST(CudaDriver, DigestMatchesTheHostAndSeesEveryChange) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("digest: %d x %zu MiB in %.3f ms: %.0f GB/s\n", k_rounds, bytes >> 20, seconds * 1e3,
               k_rounds * static_cast<double>(bytes) / seconds / 1e9);
+
+  port->destroy_event(done);
+  port->destroy_stream(s);
+  port->free_host_words(words);
+  free_region(*port, dev);
+  free_region(*port, host);
+}
+
+// allocator/residency.cpp, Note [Batched checks]: one digest_many_async gives every range the digest digest_async
+// and the host function give it: ranges of very different sizes (one beyond what one launch's blocks cover in one
+// pass, one of a single 16-byte unit, one on host-located pages, unaligned starts), more ranges than one launch
+// takes (two launches), and batches again on the same stream (its scratch slot reused, by both kernels).
+TEST(CudaDriver, BatchedDigestMatchesTheHostForEveryRange) {
+  if (layerswap::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU: skipped";
+  auto port = make_cuda_driver(0);
+  ASSERT_TRUE(port->can_digest()) << "the digest kernel did not load (built without nvcc?)";
+  const std::size_t g = port->granularity();
+  const std::size_t bytes = 16 * g;
+  const region dev = make_region(*port, bytes, memory_location::device);
+  const region host = make_region(*port, g, memory_location::host);
+  const std::vector<std::byte> in = pattern(bytes, 23);
+  port->copy_from_host(dev.va, in.data(), bytes);
+  port->copy_from_host(host.va, in.data(), g);
+  // (offset in `in`, bytes, on host pages); 1024 blocks x 256 threads x 16 bytes = 4 MiB per pass of one launch.
+  struct piece {
+    std::size_t offset;
+    std::size_t bytes;
+    bool on_host;
+  };
+  std::vector<piece> pieces = {
+      {0, 12 * g + 48, false},   // 24 MiB + 48: beyond one pass
+      {16, 16, false},           // one 16-byte unit
+      {g + 4096, 4096 * 16 + 16, false},  // a block's worth and one unit more
+      {0, g, true},              // host-located pages
+      {13 * g - 16, 2 * g + 32, false},   // across the granules of the big one's end
+      {48, 32, false},
+  };
+  for (std::size_t i = 0; pieces.size() < 40; ++i) {  // more than one launch takes
+    pieces.push_back({(i * 7919 * 16) % (bytes - 64 * 1024), 16 * (1 + (i * 131) % 4000), false});
+  }
+  std::vector<digest_range> ranges;
+  std::uint64_t* words = port->alloc_host_words(4 * pieces.size());
+  std::uint64_t* single = words + 2 * pieces.size();
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    const device_ptr va = (pieces[k].on_host ? host.va : dev.va) + pieces[k].offset;
+    ranges.push_back({va, pieces[k].bytes, words + 2 * k});
+  }
+  const stream_handle s = port->create_stream();
+  const event_handle done = port->create_event();
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::fill_n(words, 4 * pieces.size(), 0);
+    port->digest_many_async(ranges, s);
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      port->digest_async(ranges[k].va, ranges[k].bytes, single + 2 * k, s);
+    }
+    port->digest_many_async(std::span(ranges).first(3), s);  // the first three again, after digest_async's launches
+    port->record(done, s);
+    port->wait(done);
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      const digest128 expected = digest_of(in.data() + pieces[k].offset, pieces[k].bytes);
+      EXPECT_EQ((digest128{words[2 * k], words[2 * k + 1]}), expected)
+          << "range " << k << ": " << pieces[k].bytes << " bytes at " << pieces[k].offset;
+      EXPECT_EQ((digest128{single[2 * k], single[2 * k + 1]}), expected) << "digest_async of range " << k;
+    }
+  }
+
+  // A bad range: nothing enqueued, the range named.
+  std::vector<digest_range> bad(ranges.begin(), ranges.begin() + 3);
+  bad[2].bytes = 24;
+  try {
+    port->digest_many_async(bad, s);
+    ADD_FAILURE() << "no error for a range of 24 bytes";
+  } catch (const cuda_error& e) {
+    EXPECT_CONTAINS(e.what(), "range 2");
+    EXPECT_CONTAINS(e.what(), "16-byte aligned");
+  }
+
+  // The launching thread's time, for the record (not asserted): the point of batching.
+  std::vector<digest_range> small(32);
+  for (std::size_t k = 0; k < small.size(); ++k) small[k] = {dev.va + k * 64 * 1024, 64 * 1024, words + 2 * k};
+  constexpr int k_rounds = 50;
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < k_rounds; ++i) {
+    for (const digest_range& r : small) port->digest_async(r.va, r.bytes, r.out, s);
+  }
+  const double one_each = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  port->record(done, s);
+  port->wait(done);
+  start = std::chrono::steady_clock::now();
+  for (int i = 0; i < k_rounds; ++i) port->digest_many_async(small, s);
+  const double batched = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  port->record(done, s);
+  port->wait(done);
+  std::printf("digest of 32 ranges: %.1f us of the launching thread in 32 launches, %.1f us in one batched launch\n",
+              one_each / k_rounds * 1e6, batched / k_rounds * 1e6);
 
   port->destroy_event(done);
   port->destroy_stream(s);

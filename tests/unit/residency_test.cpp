@@ -112,6 +112,13 @@ struct follow_on {
   ~follow_on() { g_follow = false; }
 };
 
+// ... and residency_options::batch_digests (Note [Batched checks]): on, as by default; batch_digests_for for one test.
+bool g_batch_digests = true;
+struct batch_digests_for {
+  explicit batch_digests_for(bool on) { g_batch_digests = on; }
+  ~batch_digests_for() { g_batch_digests = true; }
+};
+
 struct harness {
   explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true,
                    bool skip_clean = true, bool sim_digests = true, double oversize = 1.0, bool cache_auto = false)
@@ -147,6 +154,7 @@ struct harness {
     o.composites = g_composites;
     o.split = g_split ? 4 : 0;
     o.residency.reserve_follow = g_follow;
+    o.residency.batch_digests = g_batch_digests;
     return o;
   }
 
@@ -505,6 +513,8 @@ class faulty_driver final : public driver {
   explicit faulty_driver(sim_driver& sim) : sim_(sim) {}
   int fail_copies = 0;
   int fail_releases = 0;  // release() throws while positive
+  int fail_digests = 0;   // digest_async and digest_many_async throw while positive
+  std::function<void()> on_stream_wait;  // before each stream_wait (may throw)
   std::function<void(std::size_t, memory_location)> on_create;  // before each create
   std::function<void(phys_handle)> on_release;                   // before each release
   [[nodiscard]] int device() const noexcept override { return sim_.device(); }
@@ -536,12 +546,20 @@ class faulty_driver final : public driver {
   void record(event_handle e, stream_handle s) override { sim_.record(e, s); }
   [[nodiscard]] bool query(event_handle e) override { return sim_.query(e); }
   void wait(event_handle e) override { sim_.wait(e); }
-  void stream_wait(stream_handle s, event_handle e) override { sim_.stream_wait(s, e); }
+  void stream_wait(stream_handle s, event_handle e) override {
+    if (on_stream_wait) on_stream_wait();
+    sim_.stream_wait(s, e);
+  }
   void stream_write_value(stream_handle s, device_ptr a, std::uint32_t v) override { sim_.stream_write_value(s, a, v); }
   void stream_wait_value(stream_handle s, device_ptr a, std::uint32_t v) override { sim_.stream_wait_value(s, a, v); }
   [[nodiscard]] bool can_digest() override { return sim_.can_digest(); }
   void digest_async(device_ptr va, std::size_t b, std::uint64_t* out, stream_handle s) override {
+    fail_digest("digest_async");
     sim_.digest_async(va, b, out, s);
+  }
+  void digest_many_async(std::span<const digest_range> ranges, stream_handle s) override {
+    fail_digest("digest_many_async");
+    sim_.digest_many_async(ranges, s);
   }
   [[nodiscard]] std::uint64_t* alloc_host_words(std::size_t n) override { return sim_.alloc_host_words(n); }
   void free_host_words(std::uint64_t* w) override { sim_.free_host_words(w); }
@@ -556,6 +574,12 @@ class faulty_driver final : public driver {
   void copy_from_host(device_ptr dst, const void* src, std::size_t b) override { sim_.copy_from_host(dst, src, b); }
 
  private:
+  void fail_digest(const char* call) {
+    if (fail_digests > 0) {
+      --fail_digests;
+      throw cuda_error(999, std::string("faulty_driver: ") + call + " failed on purpose");
+    }
+  }
   sim_driver& sim_;
 };
 
@@ -643,6 +667,180 @@ TEST(Residency, CheckWhoseDigestNeverRanCopies) {
   }
   EXPECT_EQ(alloc.residency().writeback_skipped, 0);
   alloc.deallocate(a);
+  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+}
+
+// Note [Batched checks]: the scene of the tests below. `n` weights of 4 MiB on the device, weight i holding i + 1,
+// with their digests known (evicted once and brought back), n regions of 4 MiB on the host, a budget of 4n MiB, and
+// a forecast that wants the regions on the host first: the next policy round evicts every weight, each with a check.
+// The program's launches go to the legacy stream, unframed (the engine runs without a tracker).
+struct check_scene {
+  std::vector<void*> w;  // on the device, clean
+  std::vector<void*> x;  // on the host
+};
+check_scene make_check_scene(caching_allocator& alloc, sim_driver& sim, fixed_forecast& f, std::size_t n) {
+  check_scene scene;
+  const auto write = [&](void* p, std::uint8_t v) {
+    sim.launch(nullptr, {{reinterpret_cast<device_ptr>(p), 4 * MiB, true, v}});
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    scene.x.push_back(alloc.allocate(4 * MiB, nullptr));
+    write(scene.x.back(), static_cast<std::uint8_t>(0x80 + i));
+  }
+  for (void* p : scene.x) {
+    EXPECT_TRUE(alloc.request_evict(p));
+    alloc.residency_tick();
+    EXPECT_EQ(alloc.residency_of(p), region_residency::host);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    scene.w.push_back(alloc.allocate(4 * MiB, nullptr));
+    write(scene.w.back(), static_cast<std::uint8_t>(i + 1));
+  }
+  for (void* p : scene.w) {
+    EXPECT_TRUE(alloc.request_evict(p));
+    alloc.residency_tick();
+    EXPECT_TRUE(alloc.request_prefetch(p));  // digested: its next eviction checks
+    alloc.residency_tick();
+    EXPECT_EQ(alloc.residency_of(p), region_residency::device);
+  }
+  std::vector<region_id> order;
+  for (void* p : scene.x) order.push_back(harness::id_of(p));
+  for (void* p : scene.w) order.push_back(harness::id_of(p));
+  f.set(order);
+  alloc.set_forecast_source(&f);
+  return scene;
+}
+
+// Note [Batched checks]: the checks of the evictions one policy round starts share one digest launch, and the clean
+// regions still skip their copies; with batching off (LSDEV_DIGEST_BATCH=0), a launch each.
+TEST(Residency, TheChecksOfOneRoundShareOneDigestLaunch) {
+  for (const bool batch : {true, false}) {
+    SCOPED_TRACE(batch ? "batched" : "batch_digests off");
+    batch_digests_for b(batch);
+    harness h(16 * MiB);
+    fixed_forecast f;
+    const check_scene scene = make_check_scene(h.alloc, h.sim, f, 4);
+    const residency_stats before = h.alloc.residency();
+    const std::size_t launches = h.sim.num_digest_launches();
+    const std::size_t digests = h.sim.num_digests();
+    h.alloc.residency_tick();
+    for (void* p : scene.w) ASSERT_EQ(h.alloc.residency_of(p), region_residency::moving_out);
+    EXPECT_EQ(h.sim.num_digests() - digests, 4u);
+    EXPECT_EQ(h.sim.num_digest_launches() - launches, batch ? 1u : 4u);
+    for (int i = 0; i < 4; ++i) h.alloc.residency_tick();
+    const residency_stats st = h.alloc.residency();
+    EXPECT_EQ(st.writeback_checked - before.writeback_checked, 4);
+    EXPECT_EQ(st.writeback_skipped - before.writeback_skipped, 4) << "a clean region was copied";
+    EXPECT_EQ(st.bytes_d2h, before.bytes_d2h);
+    for (std::size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(h.alloc.residency_of(scene.w[i]), region_residency::host) << "weight " << i;
+      EXPECT_TRUE(h.holds(scene.w[i], 4 * MiB, static_cast<std::uint8_t>(i + 1))) << "weight " << i;
+      EXPECT_EQ(h.alloc.residency_of(scene.x[i]), region_residency::device) << "region " << i;
+      EXPECT_TRUE(h.holds(scene.x[i], 4 * MiB, static_cast<std::uint8_t>(0x80 + i))) << "region " << i;
+    }
+    for (void* p : scene.w) h.alloc.deallocate(p);
+    for (void* p : scene.x) h.alloc.deallocate(p);
+    h.expect_clean();
+  }
+}
+
+// Note [Batched checks]: each check's digest waits for that region's own fences. A write enqueued before the round,
+// still queued behind a gate when the batch is enqueued, is what the batch's digest of that region reads: the region
+// is dirty and copied (no lost write, no remap under the pending launch); the others stay clean.
+TEST(Residency, ABatchedCheckWaitsForAWriteQueuedBeforeIt) {
+  harness h(16 * MiB);
+  fixed_forecast f;
+  const check_scene scene = make_check_scene(h.alloc, h.sim, f, 4);
+  const residency_stats before = h.alloc.residency();
+  const std::uint64_t gate_id = h.sim.launch_gate(h.s1);
+  h.write(h.s1, scene.w[2], 4 * MiB, 0x77);  // pending behind the gate
+  h.alloc.residency_tick();
+  for (void* p : scene.w) ASSERT_EQ(h.alloc.residency_of(p), region_residency::moving_out);
+  for (int i = 0; i < 2; ++i) h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(scene.w[2]), region_residency::moving_out) << "evicted before its fences passed";
+  h.sim.open_gate(gate_id);
+  for (int i = 0; i < 4; ++i) h.alloc.residency_tick();
+  const residency_stats st = h.alloc.residency();
+  EXPECT_EQ(st.writeback_checked - before.writeback_checked, 4);
+  EXPECT_EQ(st.writeback_skipped - before.writeback_skipped, 3);
+  EXPECT_EQ(st.bytes_d2h - before.bytes_d2h, static_cast<std::int64_t>(4 * MiB));
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(h.alloc.residency_of(scene.w[i]), region_residency::host) << "weight " << i;
+    EXPECT_TRUE(h.holds(scene.w[i], 4 * MiB, i == 2 ? 0x77 : static_cast<std::uint8_t>(i + 1))) << "weight " << i;
+  }
+  for (void* p : scene.w) h.alloc.deallocate(p);
+  for (void* p : scene.x) h.alloc.deallocate(p);
+  h.expect_clean();
+}
+
+// Note [Batched checks]: when the batch's digest launch fails, every eviction of the batch copies instead, as a single
+// check's failed launch does (no check is resolved, nothing reads as clean), and digests are off from then on.
+TEST(Residency, AFailedBatchedDigestCopiesEveryRegionOfTheBatch) {
+  sim_driver sim(harness::make_sim(true, true));
+  faulty_driver port(sim);
+  caching_allocator alloc(port, harness::make_options(16 * MiB, false, true, true));
+  fixed_forecast f;
+  const check_scene scene = make_check_scene(alloc, sim, f, 4);
+  const residency_stats before = alloc.residency();
+  const std::size_t launches = sim.num_digest_launches();
+  port.fail_digests = 1;
+  alloc.residency_tick();  // the failure is the engine's to handle: nothing thrown
+  EXPECT_EQ(port.fail_digests, 0) << "no digest was tried";
+  for (int i = 0; i < 4; ++i) alloc.residency_tick();
+  const residency_stats st = alloc.residency();
+  EXPECT_EQ(sim.num_digest_launches(), launches);
+  EXPECT_EQ(st.writeback_checked, before.writeback_checked) << "a check was resolved on words no digest wrote";
+  EXPECT_EQ(st.writeback_skipped, before.writeback_skipped);
+  EXPECT_EQ(st.bytes_d2h - before.bytes_d2h, static_cast<std::int64_t>(16 * MiB));
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(alloc.residency_of(scene.w[i]), region_residency::host) << "weight " << i;
+    EXPECT_TRUE(sim_holds(sim, scene.w[i], 4 * MiB, static_cast<std::uint8_t>(i + 1))) << "weight " << i;
+  }
+  EXPECT_NO_THROW(alloc.verify());
+  for (void* p : scene.w) alloc.deallocate(p);
+  for (void* p : scene.x) alloc.deallocate(p);
+  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+}
+
+// Note [Batched checks]: a check whose own fence fails to enqueue is undone alone (it stays on the device, whole);
+// the others of the batch share the digest launch and go on, and a later round evicts the undone one.
+TEST(Residency, ABatchedCheckWhoseFenceFailsIsUndoneAlone) {
+  sim_driver sim(harness::make_sim(true, true));
+  faulty_driver port(sim);
+  caching_allocator alloc(port, harness::make_options(16 * MiB, false, true, true));
+  fixed_forecast f;
+  const check_scene scene = make_check_scene(alloc, sim, f, 4);
+  const residency_stats before = alloc.residency();
+  const std::size_t launches = sim.num_digest_launches();
+  const std::size_t digests = sim.num_digests();
+  int waits = 0;
+  port.on_stream_wait = [&] {  // one fence per check (the legacy stream): the second check's fails
+    if (++waits == 2) throw cuda_error(999, "faulty_driver: stream_wait failed on purpose");
+  };
+  EXPECT_THROW(alloc.residency_tick(), cuda_error);
+  port.on_stream_wait = nullptr;
+  ASSERT_EQ(waits, 4);
+  std::size_t undone = 0;
+  for (void* p : scene.w) {
+    const region_residency state = alloc.residency_of(p);
+    EXPECT_TRUE(state == region_residency::moving_out || state == region_residency::device);
+    undone += state == region_residency::device;
+  }
+  EXPECT_EQ(undone, 1u) << "the failure undid other checks of the batch, or none";
+  EXPECT_EQ(sim.num_digest_launches() - launches, 1u);
+  EXPECT_EQ(sim.num_digests() - digests, 3u);
+  EXPECT_NO_THROW(alloc.verify());
+  for (int i = 0; i < 8; ++i) alloc.residency_tick();
+  const residency_stats st = alloc.residency();
+  EXPECT_EQ(st.writeback_skipped - before.writeback_skipped, 4);
+  EXPECT_EQ(st.bytes_d2h, before.bytes_d2h);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(alloc.residency_of(scene.w[i]), region_residency::host) << "weight " << i;
+    EXPECT_TRUE(sim_holds(sim, scene.w[i], 4 * MiB, static_cast<std::uint8_t>(i + 1))) << "weight " << i;
+  }
+  EXPECT_NO_THROW(alloc.verify());
+  for (void* p : scene.w) alloc.deallocate(p);
+  for (void* p : scene.x) alloc.deallocate(p);
   EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
 }
 

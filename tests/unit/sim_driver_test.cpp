@@ -775,6 +775,92 @@ TEST(SimDriverDigests, BadRangesThrowAndUnmappedOnesAreViolations) {
   sim.free_host_words(out);
 }
 
+// digest_many_async (allocator/residency.cpp, Note [Batched checks]): one operation, whose every range gets what
+// digest_async and the host function give it, from the bytes it holds when the operation runs.
+TEST(SimDriverDigests, OneBatchedDigestGivesEachRangeItsOwnDigest) {
+  sim_driver sim(deferred());
+  const mapped_range a = map_new(sim, 3 * k_gran);
+  const mapped_range h = map_new(sim, k_gran, memory_location::host);
+  const std::vector<std::byte> in = pattern(3 * k_gran, 4);
+  sim.host_write(a.va, in);
+  sim.host_write(h.va, std::span(in).first(k_gran));
+  std::uint64_t* out = sim.alloc_host_words(8);
+  std::uint64_t* single = sim.alloc_host_words(8);
+  const stream_handle s = sim.create_stream();
+  const digest_range ranges[] = {
+      {a.va, 3 * k_gran, out},              // several granules
+      {a.va + 48, 32, out + 2},             // tiny, not at the start: word indices count from the range's start
+      {h.va, k_gran, out + 4},              // host-located pages
+      {a.va + k_gran - 16, 48, out + 6},    // across a granule boundary
+  };
+  for (std::size_t k = 0; k < std::size(ranges); ++k) {
+    sim.digest_async(ranges[k].va, ranges[k].bytes, single + 2 * k, s);
+  }
+  sim.digest_many_async(ranges, s);
+  sim.launch(s, {{a.va, 1, true, 0x55}});  // after it on the stream: not seen by it
+  EXPECT_EQ(sim.pending(s), std::size(ranges) + 2) << "not one operation for the batch";
+  EXPECT_EQ(out[0], 0u) << "the digest ran at enqueue time on a deferred device";
+  sim.run_all();
+  EXPECT_EQ(sim.num_digest_launches(), 1u + std::size(ranges));
+  EXPECT_EQ(sim.num_digests(), 2 * std::size(ranges));
+  const std::byte* host_bytes[] = {in.data(), in.data() + 48, in.data(), in.data() + k_gran - 16};
+  for (std::size_t k = 0; k < std::size(ranges); ++k) {
+    SCOPED_TRACE("range " + std::to_string(k));
+    const digest128 batched{out[2 * k], out[2 * k + 1]};
+    EXPECT_EQ(batched, digest_of(host_bytes[k], ranges[k].bytes));
+    EXPECT_EQ(batched, (digest128{single[2 * k], single[2 * k + 1]}));
+  }
+  EXPECT_NE((digest128{out[0], out[1]}), (digest128{out[2], out[3]}));
+  EXPECT_TRUE(sim.violations().empty()) << joined(sim.violations());
+  sim.free_host_words(out);
+  sim.free_host_words(single);
+}
+
+// A bad range rejects the whole batch, naming the range, with nothing enqueued; an unmapped range is a violation of
+// that range alone (the others are digested); an empty batch enqueues nothing.
+TEST(SimDriverDigests, BatchedDigestRejectsBadRangesWithNothingEnqueued) {
+  sim_driver sim(deferred());
+  const mapped_range a = map_new(sim, 2 * k_gran);
+  const mapped_range gone = map_new(sim, k_gran);
+  std::uint64_t* out = sim.alloc_host_words(6);
+  const stream_handle s = sim.create_stream();
+  const digest_range misaligned[] = {{a.va, 32, out}, {a.va + 8, 32, out + 2}};
+  std::string e = error_of([&] { sim.digest_many_async(misaligned, s); }, 1);
+  EXPECT_CONTAINS(e, "digest_many_async(2 ranges");
+  EXPECT_CONTAINS(e, "range 1 [" + hex(a.va + 8));
+  EXPECT_CONTAINS(e, "16-byte aligned");
+  const digest_range empty[] = {{a.va, 32, out}, {a.va, 0, out + 2}};
+  EXPECT_CONTAINS(error_of([&] { sim.digest_many_async(empty, s); }, 1), "16-byte aligned and non-empty");
+  const digest_range no_words[] = {{a.va, 32, out}, {a.va, 32, nullptr}};
+  EXPECT_CONTAINS(error_of([&] { sim.digest_many_async(no_words, s); }, 1), "range 1");
+  EXPECT_CONTAINS(error_of([&] { sim.digest_many_async(no_words, s); }, 1), "no result words");
+  EXPECT_EQ(sim.pending(s), 0u) << "a rejected batch enqueued something";
+  sim.digest_many_async({}, s);
+  EXPECT_EQ(sim.pending(s), 0u) << "an empty batch enqueued something";
+
+  unmap_all(sim, gone);
+  const digest_range mixed[] = {{a.va, 2 * k_gran, out}, {gone.va, k_gran, out + 2}, {a.va + 16, 64, out + 4}};
+  out[2] = 7;
+  sim.digest_many_async(mixed, s);
+  sim.run_all();
+  const std::vector<std::string> v = sim.violations();
+  ASSERT_EQ(v.size(), 1u) << joined(v);
+  EXPECT_CONTAINS(v[0], "digest #");
+  EXPECT_CONTAINS(v[0], "read of [" + hex(gone.va));
+  EXPECT_EQ(out[2], 7u) << "a faulting range's words were written";
+  std::vector<std::byte> now(2 * k_gran);
+  sim.host_read(a.va, now);
+  EXPECT_EQ((digest128{out[0], out[1]}), digest_of(now.data(), now.size()));
+  EXPECT_EQ((digest128{out[4], out[5]}), digest_of(now.data() + 16, 64));
+
+  sim_options o;
+  o.digest = false;
+  sim_driver plain(o);
+  const digest_range one[] = {{0, 16, out}};
+  EXPECT_CONTAINS(error_of([&] { plain.digest_many_async(one, nullptr); }, 801), "no digest kernel");
+  sim.free_host_words(out);
+}
+
 TEST(Digest, OneChangedWordChangesBothLanesAndOrderMatters) {
   std::vector<std::uint64_t> w(1024);
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = i * 0x9e3779b97f4a7c15ULL;

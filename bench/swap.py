@@ -853,7 +853,22 @@ def self_test_report():
     untimed = launch_text({"launch_wait_s_per_step": 0.0, "launch_driver_s_per_step": 0.0})  # LAYERSWAP_TRACK=0
     assert untimed == ", launch waits 0.0 ms/step", untimed
     assert launch_text({}) == "", launch_text({})  # not a layerswap side
-    return 3
+    # LAYERSWAP_TRACK=attribute: the engine states by total time; buckets from the first whose lower bound is 16 us.
+    a = {"launch_engine_none_calls": 4000, "launch_engine_none_s": 0.018, "launch_engine_map_calls": 500,
+         "launch_engine_map_s": 0.005, "launch_engine_copy_calls": 0, "launch_engine_copy_s": 0.0}
+    for b, (n, s, upper) in enumerate([(4000, 0.016, 8e-6), (400, 0.004, 16e-6), (90, 0.002, 32e-6), (10, 0.001, 0)]):
+        a.update({f"launch_hist_{b}_calls": n, f"launch_hist_{b}_s": s, f"launch_hist_{b}_upper_s": upper})
+    lines = attribution_lines({"launch_attribution_per_step": a})
+    assert lines == ["launches a step by the engine's driver call they met: none 4000 x 4.5 us = 18.0 ms; "
+                     "map 500 x 10.0 us = 5.0 ms",
+                     "launches of 16 us or more in the driver: 100.0 a step, 3.00 ms"], lines
+    assert attribution_lines({"launch_wait_s_per_step": 0.0}) == []  # not measured (LAYERSWAP_TRACK=1)
+    # layerswap_traffic takes the figures per step from the tracker's counters; the bounds as they are.
+    t = layerswap_traffic({"tracker": {"launch_engine_map_calls": 100, "launch_hist_0_upper_s": 4e-6}},
+                          {"tracker": {"launch_engine_map_calls": 300, "launch_hist_0_upper_s": 4e-6}}, 2)
+    assert t["launch_attribution_per_step"] == {"launch_engine_map_calls": 100.0, "launch_hist_0_upper_s": 4e-6}, t
+    assert "launch_attribution_per_step" not in layerswap_traffic({}, {"tracker": {"launch_api_s": 1.0}}, 2)
+    return 7
 
 
 def self_test():
@@ -961,6 +976,16 @@ def layerswap_traffic(before, after, steps):
         k = "driver_call_s.engine.turn_wait"
         if k in fa:
             res["engine_turn_wait_s_per_step"] = (fa[k] - fb.get(k, 0)) / steps
+        # LAYERSWAP_TRACK=attribute (Note [Launches beside the engine's calls], profiler/cupti_tracker.cpp): the
+        # launches' driver part by the engine's driver call they met and by length, per step; bucket bounds as they are.
+        attribution = {}
+        for k in fa:
+            name = k[len("tracker."):]
+            if not k.startswith(("tracker.launch_engine_", "tracker.launch_hist_")):
+                continue
+            attribution[name] = fa[k] if name.endswith("_upper_s") else (fa[k] - fb.get(k, 0)) / steps
+        if attribution:
+            res["launch_attribution_per_step"] = attribution
     counted, missed = find(lambda k: k.endswith("launches_counted")), find(lambda k: k.endswith("launches_missed"))
     if counted and missed and fa[counted] - fb.get(counted, 0) > 0:  # over the timed steps only
         res["hit_rate_timed"] = 1 - (fa[missed] - fb.get(missed, 0)) / (fa[counted] - fb.get(counted, 0))
@@ -1978,6 +2003,8 @@ def fill_layerswap(c, ls, resident):
         if traffic.get(name + "_per_step") is not None:
             c[name + "_per_step"] = traffic[name + "_per_step"]
     c["hit_rate_timed"] = traffic.get("hit_rate_timed")  # the timed steps only (hit_rate: the whole run)
+    if traffic.get("launch_attribution_per_step"):  # LAYERSWAP_TRACK=attribute
+        c["launch_attribution_per_step"] = traffic["launch_attribution_per_step"]
     c["stats_sources"] = traffic.get("sources")
     c["layerswap_stats"] = ls.get("layerswap_stats")
     c["layerswap_enabled_by"] = ls.get("enabled_by")
@@ -2055,6 +2082,34 @@ def launch_text(side):
     return text + (f", launches in the driver {driver * 1e3:.1f} ms/step" if driver else "")
 
 
+def attribution_lines(side, slow_s=16e-6):
+    """LAYERSWAP_TRACK=attribute: two report lines for a layerswap side (none without the figures). The launches a
+    step by the engine's driver call they met (none: the engine was in no driver call), with their mean and total
+    driver time, the largest totals first; and the launches whose driver part took at least `slow_s` (whole buckets
+    of the histogram, from the first whose lower bound reaches it)."""
+    a = side.get("launch_attribution_per_step")
+    if not a:
+        return []
+    met = []
+    for key, n in a.items():
+        if key.startswith("launch_engine_") and key.endswith("_calls") and n > 0:
+            kind = key[len("launch_engine_"):-len("_calls")]
+            met.append((a.get(f"launch_engine_{kind}_s", 0.0), kind, n))
+    met.sort(reverse=True)
+    parts = [f"{kind} {n:.0f} x {s / n * 1e6:.1f} us = {s * 1e3:.1f} ms" for s, kind, n in met]
+    slow_n = slow_t = 0.0
+    lower = 0.0
+    for b in range(64):
+        if f"launch_hist_{b}_calls" not in a:
+            break
+        if lower >= slow_s:
+            slow_n += a[f"launch_hist_{b}_calls"]
+            slow_t += a.get(f"launch_hist_{b}_s", 0.0)
+        lower = a.get(f"launch_hist_{b}_upper_s") or float("inf")
+    return [f"launches a step by the engine's driver call they met: {'; '.join(parts)}",
+            f"launches of {slow_s * 1e6:.0f} us or more in the driver: {slow_n:.1f} a step, {slow_t * 1e3:.2f} ms"]
+
+
 def bitwise_text(side):
     """The table's word for a side's losses against the resident run: yes, NO@<first differing step>, or -."""
     return {True: "yes", False: f"NO@{side.get('first_differing_step')}", None: "-"}[side.get("losses_bitwise_equal")]
@@ -2121,6 +2176,8 @@ def print_table(res):
             print(f"    paired per cycle: step / resident median {il['median_ratio']:.3f}"
                   + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "") + f" over {len(il['ratios_per_cycle'])} cycles"
                   + launch_text(c))
+        for line in attribution_lines(c):
+            print(f"    {line}")
         for name, v in (c.get("variants") or {}).items():
             eq = bitwise_text(v)
             env = ",".join(f"{k}={x}" for k, x in v["env"].items())
@@ -2130,6 +2187,8 @@ def print_table(res):
                   if vs.get("median_ratio") else "")
             err = error_text(v)
             print(f"    variant {name} ({env}): step {sec(v.get('step_s'))} s{vs}, bitwise {eq}{launch_text(v)}{err}")
+            for line in attribution_lines(v):
+                print(f"      {line}")
         for name, p in c.get("peers", {}).items():
             eq = bitwise_text(p)
             speed = f", layerswap {p['layerswap_speedup']:.2f}x faster" if p.get("layerswap_speedup") else ""

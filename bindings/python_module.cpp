@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <charconv>
 #include <map>
 #include <string>
@@ -293,6 +294,23 @@ PYBIND11_MODULE(_C, m) {
     d["launch_api_s"] = static_cast<double>(s.launch_api_ns) * 1e-9;
     d["launch_api_calls"] = s.launch_api_calls;
     d["launch_driver_s"] = static_cast<double>(s.launch_driver_ns) * 1e-9;
+    // LAYERSWAP_TRACK=attribute (profiler/cupti_tracker.cpp, Note [Launches beside the engine's calls]): flat
+    // keys, so that benchmarks take differences of them as of every other number here. launch_engine_<kind>_*:
+    // the launches that met the engine in a driver call of that kind (none: in no call); launch_hist_<b>_*: those
+    // whose driver part was below launch_hist_<b>_upper_s (the last bucket has no upper bound).
+    if (std::any_of(s.launch_engine_calls.begin(), s.launch_engine_calls.end(), [](auto n) { return n != 0; })) {
+      for (std::size_t i = 0; i < profiler::k_engine_states; ++i) {
+        const std::string kind = i == 0 ? "none" : driver_calls::k_names[i - 1];
+        d[py::str("launch_engine_" + kind + "_calls")] = s.launch_engine_calls[i];
+        d[py::str("launch_engine_" + kind + "_s")] = static_cast<double>(s.launch_engine_ns[i]) * 1e-9;
+      }
+      for (std::size_t b = 0; b < profiler::k_launch_hist; ++b) {
+        const std::string at = "launch_hist_" + std::to_string(b);
+        d[py::str(at + "_calls")] = s.launch_hist_calls[b];
+        d[py::str(at + "_s")] = static_cast<double>(s.launch_hist_ns[b]) * 1e-9;
+        d[py::str(at + "_upper_s")] = static_cast<double>(s.launch_hist_upper_ns[b]) * 1e-9;
+      }
+    }
     d["recent_dropped"] = s.recent_dropped;
     d["consumer_sleeps"] = s.consumer_sleeps;
     d["trace_written"] = s.trace_written;

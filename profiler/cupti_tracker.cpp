@@ -25,6 +25,19 @@
 //   benchmark's measure of CUPTI's own share of the cost. It records nothing and leaves the residency gate
 //   unfed.
 //
+// Note [Launches beside the engine's calls]
+//   While the residency engine moves, the program's kernel launches spend longer in the driver: on the H100 at
+//   25% of the 1.1B LoRA step, ~5 ms a step more than with nothing to move (docs/swapping.md, session 33), and
+//   the engine's digests, copies and fence records explain only ~2 ms of it. LAYERSWAP_TRACK=attribute is the
+//   measurement aid that asks which of the engine's driver calls a slow launch met: the migration thread
+//   publishes the kind of the driver call it is in (runtime/driver_calls.hpp, set_engine_call_marking), the
+//   launch reads it when its entry callback returns and again at its exit callback, and its driver part (the
+//   launch_driver_ns figure) is counted under the kind it met (the entry's, else the exit's; none when neither
+//   saw a call), and in a histogram of lengths. A launch that overlapped only the middle of a short engine call
+//   counts as none; engine calls are mostly longer than launches (tens of microseconds against a few), so that
+//   is rare. Off otherwise: the mark costs the engine a store per call and the launch two loads of a line that
+//   the engine writes.
+//
 // Note [Run-time binding]
 //   CUPTI: the copy already loaded in the process if any (PyTorch's wheel loads libcupti.so.13), else
 //   dlopen("libcupti.so.13"), "libcupti.so", then the toolkit's usual folders. cudaFuncGetParamInfo,
@@ -56,6 +69,7 @@
 #include "profiler/launch_recorder.hpp"
 #include "profiler/learner.hpp"
 #include "profiler/tracker.hpp"
+#include "runtime/driver_calls.hpp"
 #include "runtime/fast_clock.hpp"
 #include "runtime/log.hpp"
 
@@ -117,6 +131,7 @@ std::atomic<tracker_core*> g_core{nullptr};
 std::atomic<learner*> g_learner{nullptr};
 cuda_api g_cuda;  // written before the first subscribe, read-only afterwards
 std::atomic<std::uint32_t> g_generation{0};
+std::atomic<bool> g_attribute{false};  // LAYERSWAP_TRACK=attribute (Note [Launches beside the engine's calls])
 
 void* open_library(const char* const* names, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) {
@@ -458,13 +473,20 @@ void end_api_timing(tracker_core& core, thread_scratch& t) noexcept {
   const std::uint64_t now = fast_clock::ticks();
   const std::uint64_t entered = t.api_entered != 0 ? t.api_entered : now;
   core.add_launch_api_time(now - t.api_start, now - entered);
+  if (g_attribute.load(std::memory_order_relaxed)) {  // Note [Launches beside the engine's calls]
+    const std::uint8_t met = t.engine_at_entry != 0 ? t.engine_at_entry : driver_calls::engine_call_now();
+    core.add_launch_attribution(met, now - entered);
+    t.engine_at_entry = 0;
+  }
   t.api_start = 0;
   t.api_entered = 0;
 }
 
 // The entry callback of a kernel launch is done: what follows until the exit callback is the driver's.
 void mark_entered(thread_scratch& t) noexcept {
-  if (t.api_start != 0) t.api_entered = fast_clock::ticks();
+  if (t.api_start == 0) return;
+  t.api_entered = fast_clock::ticks();
+  if (g_attribute.load(std::memory_order_relaxed)) t.engine_at_entry = driver_calls::engine_call_now();
 }
 
 // LAYERSWAP_TRACK=subscribe-only: CUPTI's own cost per launch, with the same callbacks enabled.
@@ -588,6 +610,7 @@ tracker_mode mode_locked(state& s) {
       const config& c = global_config();
       s.mode.api = c.track_api == config::track_api_mode::driver ? tracker_api::driver : tracker_api::both;
       s.mode.subscribe_only = c.track == config::track_mode::subscribe_only;
+      s.mode.attribute = c.track == config::track_mode::attribute;
     } catch (...) {  // a bad setting was reported where the configuration was first read
     }
     s.mode_set = true;
@@ -646,6 +669,10 @@ bool subscribe_locked(state& s) {
   if (!all) LAYERSWAP_LOG(info, "some CUPTI launch callbacks could not be enabled");
   s.problem.clear();
   s.subscribed_mode = mode;
+  // Note [Launches beside the engine's calls]
+  const bool attribute = mode.attribute && !mode.subscribe_only;
+  driver_calls::set_engine_call_marking(attribute);
+  g_attribute.store(attribute, std::memory_order_relaxed);
   if (!mode.subscribe_only) {
     s.core->start_consumer();
     residency_gate::set_fed(true);  // from here on every launch enters and exits the regions it touches
@@ -675,9 +702,9 @@ bool subscribe_locked(state& s) {
     s.exit_hook = true;
     std::atexit(at_exit);
   }
-  LAYERSWAP_LOG(info, "launch tracker on (runtime callbacks %s, driver callbacks on%s; time counters read the %s)",
+  LAYERSWAP_LOG(info, "launch tracker on (runtime callbacks %s, driver callbacks on%s%s; time counters read the %s)",
                 runtime_callbacks ? "on" : "off", mode.subscribe_only ? "; subscribe-only: nothing is recorded" : "",
-                fast_clock::source());
+                attribute ? "; launches attributed to the engine's driver calls" : "", fast_clock::source());
   return true;
 }
 
@@ -685,6 +712,8 @@ void unsubscribe_locked(state& s) {
   if (!s.active.load()) return;
   residency_gate::set_fed(false);  // the engine must not trust the gate's idleness from now on
   residency_gate::set_holding(false);
+  g_attribute.store(false, std::memory_order_relaxed);
+  driver_calls::set_engine_call_marking(false);
   s.cupti.unsubscribe(s.subscriber);
   s.subscriber = nullptr;
   s.active.store(false);

@@ -38,6 +38,7 @@ struct thread_scratch {
   std::uint64_t stream = 0;      // the stream of the launch being recorded (where its holds' waits go)
   std::uint64_t api_start = 0;   // fast_clock::ticks() when the kernel launch in flight was recorded (0: none)
   std::uint64_t api_entered = 0; // ... and when its entry callback returned (the gate entered, holds enqueued)
+  std::uint8_t engine_at_entry = 0;  // LAYERSWAP_TRACK=attribute: the engine's driver call then (driver_calls)
   launch_nesting nesting;
   region_set regions;
   launch_gate<residency_gate_calls> gate;

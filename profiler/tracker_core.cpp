@@ -201,6 +201,15 @@ tracker_stats tracker_core::stats() {
   s.launch_api_ns = fast_clock::to_ns(launch_api_ticks_.load(std::memory_order_relaxed));
   s.launch_api_calls = launch_api_calls_.load(std::memory_order_relaxed);
   s.launch_driver_ns = fast_clock::to_ns(launch_driver_ticks_.load(std::memory_order_relaxed));
+  for (std::size_t i = 0; i < k_engine_states; ++i) {
+    s.launch_engine_calls[i] = launch_engine_calls_[i].load(std::memory_order_relaxed);
+    s.launch_engine_ns[i] = fast_clock::to_ns(launch_engine_ticks_[i].load(std::memory_order_relaxed));
+  }
+  for (std::size_t b = 0; b < k_launch_hist; ++b) {
+    s.launch_hist_calls[b] = launch_hist_calls_[b].load(std::memory_order_relaxed);
+    s.launch_hist_ns[b] = fast_clock::to_ns(launch_hist_ticks_[b].load(std::memory_order_relaxed));
+    s.launch_hist_upper_ns[b] = b + 1 < k_launch_hist ? fast_clock::to_ns(std::uint64_t{1} << (k_launch_hist_shift + b)) : 0;
+  }
   s.consumer_sleeps = consumer_sleeps_.load(std::memory_order_relaxed);
   s.trace_written = trace_.written();
   s.trace_skipped = trace_.skipped();

@@ -32,7 +32,10 @@
 // and benchmarks, the learner (set_learner(): step period and forecast, learner.hpp), and the trace file.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -50,6 +53,7 @@
 #include "profiler/layout_cache.hpp"
 #include "profiler/learner.hpp"
 #include "profiler/trace_writer.hpp"
+#include "runtime/driver_calls.hpp"
 
 namespace layerswap::profiler {
 
@@ -60,6 +64,12 @@ struct tracker_options {
   std::uint64_t trace_max_events = 2'000'000;          // about 300 MB of JSON
   std::chrono::milliseconds idle_sleep{200};           // the idle consumer's longest sleep (Note [Idle consumer])
 };
+
+// LAYERSWAP_TRACK=attribute: the migration thread's states a launch can meet (none, or in a driver call of one
+// of driver_calls' kinds), and the buckets of the launches' driver times (powers of two of fast-clock ticks).
+inline constexpr std::size_t k_engine_states = driver_calls::k_kinds + 1;
+inline constexpr std::size_t k_launch_hist = 16;
+inline constexpr unsigned k_launch_hist_shift = 10;  // bucket 0: below 2^10 ticks (~0.3-0.5 us); then doubling
 
 struct tracker_stats {
   std::uint64_t launches = 0;  // kernel launches, copies, memsets and graph launches seen (counted once)
@@ -77,6 +87,15 @@ struct tracker_stats {
   std::uint64_t launch_api_calls = 0; // ... over this many launches
   std::uint64_t launch_driver_ns = 0; // the part of launch_api_ns after the tracker's entry callback returned:
                                       // the driver's own work, CUPTI's exit dispatch and any wait in the driver
+  // LAYERSWAP_TRACK=attribute (Note [Launches beside the engine's calls], cupti_tracker.cpp): the launches and
+  // their driver part (ns) by the migration thread's driver call at the launch's entry or exit ([0]: none; [k + 1]:
+  // driver_calls::kind k), and by the driver part's length (bucket b: below launch_hist_upper_ns[b]; the last one
+  // is open).
+  std::array<std::uint64_t, k_engine_states> launch_engine_calls{};
+  std::array<std::uint64_t, k_engine_states> launch_engine_ns{};
+  std::array<std::uint64_t, k_launch_hist> launch_hist_calls{};
+  std::array<std::uint64_t, k_launch_hist> launch_hist_ns{};
+  std::array<std::uint64_t, k_launch_hist> launch_hist_upper_ns{};
   std::uint64_t recent_dropped = 0;   // launches pushed out of the recent buffer before drain()
   std::uint64_t consumer_sleeps = 0;  // times the consumer fell asleep for want of launches (Note [Idle consumer])
   std::uint64_t trace_written = 0;
@@ -117,6 +136,17 @@ class tracker_core {
     launch_api_calls_.fetch_add(1, std::memory_order_relaxed);
   }
 
+  // LAYERSWAP_TRACK=attribute: one launch's driver part, and the engine state it met (0: none; k + 1: in a
+  // driver call of driver_calls kind k; larger values count as none).
+  void add_launch_attribution(std::uint8_t engine_state, std::uint64_t driver_ticks) noexcept {
+    const std::size_t state = engine_state < k_engine_states ? engine_state : 0;
+    launch_engine_calls_[state].fetch_add(1, std::memory_order_relaxed);
+    launch_engine_ticks_[state].fetch_add(driver_ticks, std::memory_order_relaxed);
+    const std::size_t bucket = std::min<std::size_t>(std::bit_width(driver_ticks >> k_launch_hist_shift), k_launch_hist - 1);
+    launch_hist_calls_[bucket].fetch_add(1, std::memory_order_relaxed);
+    launch_hist_ticks_[bucket].fetch_add(driver_ticks, std::memory_order_relaxed);
+  }
+
   // ---- consumer side ----
   void start_consumer();
   void stop_consumer() noexcept;
@@ -152,6 +182,10 @@ class tracker_core {
   std::atomic<std::uint64_t> launch_api_ticks_{0};
   std::atomic<std::uint64_t> launch_api_calls_{0};
   std::atomic<std::uint64_t> launch_driver_ticks_{0};
+  std::array<std::atomic<std::uint64_t>, k_engine_states> launch_engine_calls_{};
+  std::array<std::atomic<std::uint64_t>, k_engine_states> launch_engine_ticks_{};
+  std::array<std::atomic<std::uint64_t>, k_launch_hist> launch_hist_calls_{};
+  std::array<std::atomic<std::uint64_t>, k_launch_hist> launch_hist_ticks_{};
   std::uint64_t origin_ns_ = 0;
   bool stamp_ = false;  // whether record() reads the clock (a trace is written)
   std::atomic<std::uint64_t> consumer_sleeps_{0};

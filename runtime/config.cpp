@@ -43,10 +43,12 @@ constexpr setting_info k_settings[row_count] = {
      "Print allocator statistics to stderr at exit"},
     {"LAYERSWAP_VA_RESERVE", "1TiB", "a size such as 1TiB or 256GiB (at least 2MiB)",
      "Virtual address space reserved per arena (grows by further arenas when used up)"},
-    {"LAYERSWAP_TRACK", "auto", "auto, 0 or 1 (also true/false, on/off, yes/no), or subscribe-only",
+    {"LAYERSWAP_TRACK", "auto", "auto, 0 or 1 (also true/false, on/off, yes/no), subscribe-only, or attribute",
      "The CUPTI launch tracker: auto runs it whenever layerswap is on; 0 never; 1 always; subscribe-only (a "
      "measurement aid) takes CUPTI and enables the same callbacks but records nothing, so that a benchmark sees "
-     "CUPTI's own cost; without records swapping stays off, as without a tracker"},
+     "CUPTI's own cost; without records swapping stays off, as without a tracker; attribute (a measurement aid) "
+     "is 1, and also counts each launch's time in the driver by the driver call the migration thread was in "
+     "(the tracker's launch_engine_* and launch_hist_* statistics)"},
     {"LAYERSWAP_TRACK_API", "driver", "driver or both",
      "Which CUPTI callbacks the tracker takes: driver = the driver's only (two per launch; a runtime launch is "
      "decoded in the driver callback it makes, which also reads kernels of libraries with their own static CUDA "
@@ -311,6 +313,7 @@ const char* track_name(config::track_mode mode) noexcept {
     case config::track_mode::off: return "0";
     case config::track_mode::on: return "1";
     case config::track_mode::subscribe_only: return "subscribe-only";
+    case config::track_mode::attribute: return "attribute";
     case config::track_mode::automatic: break;
   }
   return "auto";
@@ -606,6 +609,8 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
       result.track = config::track_mode::automatic;
     } else if (iequals(trim(*track), "subscribe-only")) {
       result.track = config::track_mode::subscribe_only;
+    } else if (iequals(trim(*track), "attribute")) {
+      result.track = config::track_mode::attribute;
     } else {
       result.track = parse_bool(k_settings[row_track].name, *track) ? config::track_mode::on : config::track_mode::off;
     }

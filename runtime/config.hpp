@@ -48,7 +48,9 @@ struct config {
   std::size_t va_reserve = std::size_t{1} << 40;  // LAYERSWAP_VA_RESERVE: virtual address space per arena
   // LAYERSWAP_TRACK: the CUPTI launch tracker. automatic = on whenever layerswap is enabled. subscribe_only: a
   // measurement aid, CUPTI taken with the tracker's callbacks enabled but a callback that records nothing.
-  enum class track_mode : std::uint8_t { automatic, off, on, subscribe_only };
+  // attribute: a measurement aid, on as `on`, and each launch's time in the driver is also counted by the driver
+  // call the migration thread was in (profiler/cupti_tracker.cpp, Note [Launches beside the engine's calls]).
+  enum class track_mode : std::uint8_t { automatic, off, on, subscribe_only, attribute };
   track_mode track = track_mode::automatic;
   // LAYERSWAP_TRACK_API: which CUPTI callback domains the tracker enables (profiler/cupti_tracker.cpp, Note
   // [Callback domains]).
@@ -89,7 +91,7 @@ struct config {
   std::uint32_t reserve_ahead = 4;
   // Whether the launch tracker should run (LAYERSWAP_TRACK against `enabled`).
   [[nodiscard]] bool tracking() const noexcept {
-    return track == track_mode::on || track == track_mode::subscribe_only ||
+    return track == track_mode::on || track == track_mode::subscribe_only || track == track_mode::attribute ||
            (track == track_mode::automatic && enabled);
   }
 
@@ -121,7 +123,7 @@ struct config {
 // a name without the LAYERSWAP_ prefix ("bugdet", as enable() spells settings) is compared as if it had it.
 [[nodiscard]] std::string closest_setting(std::string_view name);
 
-// LAYERSWAP_TRACK's value as written: "auto", "0", "1" or "subscribe-only".
+// LAYERSWAP_TRACK's value as written: "auto", "0", "1", "subscribe-only" or "attribute".
 [[nodiscard]] const char* track_name(config::track_mode mode) noexcept;
 
 // LAYERSWAP_RESERVE's value as written: "peak", "follow" or "follow:N".

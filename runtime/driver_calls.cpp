@@ -10,6 +10,8 @@ thread_local int t_role = 0;
 std::atomic<bool> g_program_first{true};
 std::atomic<int> g_program_calls{0};  // Note [Program first]: the program's VMM calls in progress
 std::atomic<std::uint64_t> g_program_end_ns{0};  // ... and when the last one ended (steady_ns)
+std::atomic<bool> g_marking{false};        // Note [Launches beside the engine's calls]
+std::atomic<std::uint8_t> g_engine_call{0};  // ... the engine's call now, kind + 1 (0: none)
 constexpr int k_spins = 256;                     // pauses before the engine's wait yields its core
 
 // Whether the engine should let the program's VMM calls go first now: one is in progress, or one ended less than
@@ -32,6 +34,15 @@ void set_engine_thread() noexcept { t_role = 1; }
 
 void set_program_first(bool on) noexcept { g_program_first.store(on, std::memory_order_relaxed); }
 int program_calls_in_progress() noexcept { return g_program_calls.load(std::memory_order_relaxed); }
+
+void set_engine_call_marking(bool on) noexcept { g_marking.store(on, std::memory_order_relaxed); }
+std::uint8_t engine_call_now() noexcept { return g_engine_call.load(std::memory_order_relaxed); }
+
+bool call::mark(kind k) noexcept {
+  if (t_role != 1 || !g_marking.load(std::memory_order_relaxed)) return false;
+  g_engine_call.store(static_cast<std::uint8_t>(static_cast<int>(k) + 1), std::memory_order_relaxed);
+  return true;
+}
 
 // Note [Program first]. The count is seq_cst on both sides: the engine, having read 0, may still meet a program
 // call in the driver (that call then waits for the engine's one call), but it starts no call after reading a
@@ -59,6 +70,7 @@ bool call::take_turn(kind k) noexcept {
 
 // Lowered as soon as the driver call has returned: the timer, a member, counts the call after this body.
 call::~call() {
+  if (marked_) g_engine_call.store(0, std::memory_order_relaxed);
   if (!raised_) return;
   g_program_end_ns.store(fast_clock::steady_ns(), std::memory_order_relaxed);
   g_program_calls.fetch_sub(1);

@@ -83,6 +83,13 @@ void set_program_first(bool on) noexcept;
 // The program's VMM calls in progress (raised by `call`).
 [[nodiscard]] int program_calls_in_progress() noexcept;
 
+// Note [Launches beside the engine's calls] (profiler/cupti_tracker.cpp): while marking is on, the migration
+// thread's `call`s publish their kind, so that a kernel launch on another thread can tell which driver call of the
+// engine it met. engine_call_now(): that kind plus one, 0 while the engine is in no driver call (or marking is
+// off). Off by default: the mark is a store per engine call to a line the launching threads read.
+void set_engine_call_marking(bool on) noexcept;
+[[nodiscard]] std::uint8_t engine_call_now() noexcept;
+
 // Times one driver call from construction to destruction.
 class timer {
  public:
@@ -106,14 +113,16 @@ class timer {
 // while a program thread is in a VMM call; on a program thread a VMM call raises the count until destruction.
 class call {
  public:
-  explicit call(kind k) noexcept : raised_(take_turn(k)), timing_(k) {}
+  explicit call(kind k) noexcept : raised_(take_turn(k)), marked_(mark(k)), timing_(k) {}
   ~call();
   call(const call&) = delete;
   call& operator=(const call&) = delete;
 
  private:
   static bool take_turn(kind k) noexcept;
+  static bool mark(kind k) noexcept;  // Note [Launches beside the engine's calls]
   bool raised_;
+  bool marked_;
   timer timing_;  // started after the turn: an engine call's time leaves out its wait (kind turn_wait)
 };
 

@@ -137,6 +137,14 @@ TEST(TrackSetting, SubscribeOnlyIsAMeasurementMode) {
             std::string::npos);
 }
 
+TEST(TrackSetting, AttributeIsAMeasurementModeThatTracks) {
+  const config c = parse_config(vars{{"LAYERSWAP_TRACK", "Attribute"}});
+  EXPECT_EQ(c.track, config::track_mode::attribute);
+  EXPECT_TRUE(c.tracking());
+  EXPECT_NE(c.describe().find("LAYERSWAP_TRACK=attribute\n"), std::string::npos) << c.describe();
+  EXPECT_NE(std::string(row("LAYERSWAP_TRACK").accepted).find("attribute"), std::string::npos);
+}
+
 TEST(TrackApiSetting, BothOrDriver) {
   EXPECT_STREQ(row("LAYERSWAP_TRACK_API").default_value, "driver");
   EXPECT_EQ(parse_config(vars{}).track_api, config::track_api_mode::driver);

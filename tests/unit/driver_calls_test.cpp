@@ -91,6 +91,38 @@ bool engine_call_overlaps_program_call(driver_calls::kind program_kind) {
   return overlapped;
 }
 
+// Note [Launches beside the engine's calls]: with marking on, the engine's call publishes its kind for its
+// duration; the program's calls publish nothing, and nothing is published with marking off.
+TEST(DriverCalls, TheEnginesCallIsPublishedWhileMarkingIsOn) {
+  driver_calls::set_engine_call_marking(true);
+  std::atomic<int> seen_inside{-1};
+  std::atomic<int> seen_after{-1};
+  std::atomic<int> seen_unmarked{-1};
+  std::thread engine([&] {
+    driver_calls::set_engine_thread();
+    {
+      const driver_calls::call c(driver_calls::kind::set_access);
+      seen_inside = driver_calls::engine_call_now();
+    }
+    seen_after = driver_calls::engine_call_now();
+    driver_calls::set_engine_call_marking(false);
+    {
+      const driver_calls::call c(driver_calls::kind::map);
+      seen_unmarked = driver_calls::engine_call_now();
+    }
+  });
+  engine.join();
+  EXPECT_EQ(seen_inside.load(), static_cast<int>(driver_calls::kind::set_access) + 1);
+  EXPECT_EQ(seen_after.load(), 0);
+  EXPECT_EQ(seen_unmarked.load(), 0);
+  driver_calls::set_engine_call_marking(true);
+  {
+    const driver_calls::call c(driver_calls::kind::map);  // a program thread's
+    EXPECT_EQ(driver_calls::engine_call_now(), 0);
+  }
+  driver_calls::set_engine_call_marking(false);
+}
+
 TEST(DriverCalls, TheEngineWaitsWhileAProgramThreadIsInAVmmCall) {
   driver_calls::set_program_first(true);
   const std::uint64_t waits = calls("turn_wait", true);

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -25,6 +27,7 @@
 #include "profiler/layout_cache.hpp"
 #include "profiler/trace_writer.hpp"
 #include "profiler/tracker_core.hpp"
+#include "runtime/fast_clock.hpp"
 #include "runtime/sim_driver.hpp"
 
 using namespace layerswap;
@@ -498,6 +501,40 @@ TEST(TrackerCore, EventsStatsAndDrain) {
   EXPECT_EQ(core.kernel_name(events[1].kind, events[1].kernel), "memcpy");
   EXPECT_EQ(events[1].regions, (std::vector<region_id>{3}));
   EXPECT_TRUE(core.drain(100).empty());
+}
+
+// LAYERSWAP_TRACK=attribute: each launch's driver part under the engine state it met, and in its length's bucket.
+TEST(TrackerCore, LaunchesAreAttributedToTheEnginesCallAndBucketedByLength) {
+  tracker_core core;
+  const auto map_state = static_cast<std::uint8_t>(static_cast<int>(driver_calls::kind::map) + 1);
+  const auto access_state = static_cast<std::uint8_t>(static_cast<int>(driver_calls::kind::set_access) + 1);
+  core.add_launch_attribution(0, 100);                                   // bucket 0
+  core.add_launch_attribution(map_state, 5000);                          // 5000 >> 10 = 4: bucket 3
+  core.add_launch_attribution(map_state, 3000);                          // 2: bucket 2
+  core.add_launch_attribution(access_state, 1024);                       // 1: bucket 1
+  core.add_launch_attribution(255, std::uint64_t{1} << 40);              // no such state: none; the open bucket
+  const tracker_stats s = core.stats();
+  EXPECT_EQ(s.launch_engine_calls[0], 2u);
+  EXPECT_EQ(s.launch_engine_calls[map_state], 2u);
+  EXPECT_EQ(s.launch_engine_calls[access_state], 1u);
+  // to_ns's rate is re-measured as the process runs: equal within a thousandth.
+  const auto near = [](std::uint64_t ns, std::uint64_t ticks) {
+    const double want = static_cast<double>(fast_clock::to_ns(ticks));
+    return std::abs(static_cast<double>(ns) - want) <= 1e-3 * want + 1;
+  };
+  EXPECT_TRUE(near(s.launch_engine_ns[map_state], 8000)) << s.launch_engine_ns[map_state];
+  EXPECT_TRUE(near(s.launch_engine_ns[0], (std::uint64_t{1} << 40) + 100)) << s.launch_engine_ns[0];
+  const std::array<std::uint64_t, 5> counts = {1, 1, 1, 1, 0};
+  for (std::size_t b = 0; b < counts.size(); ++b) EXPECT_EQ(s.launch_hist_calls[b], counts[b]) << "bucket " << b;
+  EXPECT_EQ(s.launch_hist_calls[k_launch_hist - 1], 1u);
+  EXPECT_TRUE(near(s.launch_hist_ns[3], 5000)) << s.launch_hist_ns[3];
+  // Each bucket's upper bound is the next one's lower: 2^10 ticks doubling; the last has none.
+  EXPECT_TRUE(near(s.launch_hist_upper_ns[0], 1024)) << s.launch_hist_upper_ns[0];
+  EXPECT_TRUE(near(s.launch_hist_upper_ns[3], 8192)) << s.launch_hist_upper_ns[3];
+  EXPECT_EQ(s.launch_hist_upper_ns[k_launch_hist - 1], 0u);
+  std::uint64_t total = 0;
+  for (std::uint64_t n : s.launch_hist_calls) total += n;
+  EXPECT_EQ(total, 5u);
 }
 
 TEST(TrackerCore, ManyRegionsContinueInFurtherEvents) {

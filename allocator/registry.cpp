@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <mutex>
 #include <optional>
-#include <string_view>
 
 #include "runtime/cuda_driver.hpp"
 #include "runtime/driver_calls.hpp"
@@ -118,12 +117,6 @@ caching_allocator& allocator_for(int device) {
   opts.residency.cache_reserve = cfg.cache_reserve;
   opts.residency.reserve_follow = cfg.reserve_follow;
   opts.residency.reserve_ahead = cfg.reserve_ahead;
-  // A development switch for A/B runs, not a setting (so not LAYERSWAP_, not in the config table):
-  // LSDEV_DIGEST_BATCH=0 gives every eviction's check a digest launch of its own (residency.cpp, Note [Batched
-  // checks]).
-  if (const char* batch = std::getenv("LSDEV_DIGEST_BATCH"); batch != nullptr && std::string_view(batch) == "0") {
-    opts.residency.batch_digests = false;
-  }
   auto* alloc = new caching_allocator(*port, opts);
   if (forecast_source* f = s.forecast.load(std::memory_order_acquire)) alloc->set_forecast_source(f);
   LAYERSWAP_LOG(info, "device %d: allocator ready (budget %s of %s)", device,

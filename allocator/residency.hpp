@@ -50,7 +50,7 @@ struct residency_options {
   // (residency.cpp, Note [Write-back]); needs driver::can_digest().
   bool skip_clean = true;
   // Digest the checks of the evictions a policy round starts with one kernel launch, not one each (residency.cpp,
-  // Note [Batched checks]). Not a setting: LSDEV_DIGEST_BATCH=0 turns it off for A/B runs (registry.cpp).
+  // Note [Batched checks]). Not a setting: the unit tests turn it off to compare.
   bool batch_digests = true;
   // LAYERSWAP_CACHE_RESERVE (residency.cpp, Note [Cache reserve]): device bytes the policy leaves to the
   // allocator's cache. Automatic: grown by note_cache_miss_locked(), at most half the policy's room; else fixed.

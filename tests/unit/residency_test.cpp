@@ -712,7 +712,7 @@ check_scene make_check_scene(caching_allocator& alloc, sim_driver& sim, fixed_fo
 }
 
 // Note [Batched checks]: the checks of the evictions one policy round starts share one digest launch, and the clean
-// regions still skip their copies; with batching off (LSDEV_DIGEST_BATCH=0), a launch each.
+// regions still skip their copies; with batching off (batch_digests), a launch each.
 TEST(Residency, TheChecksOfOneRoundShareOneDigestLaunch) {
   for (const bool batch : {true, false}) {
     SCOPED_TRACE(batch ? "batched" : "batch_digests off");

@@ -89,9 +89,10 @@
 //     the remap: Note [Remap under the gate]), and the region keeps it (digest_known);
 //   * an eviction of a region with a known digest first enqueues, after its fences, only a digest of the region
 //     (a "check"; the checks a policy round starts share one launch: Note [Batched checks]). When it completes
-//     (poll_moves, settle: resolve_check) and equals the known one, the host copy is current: the move goes straight to its remap with no copy (writeback_skipped), and the gate still refuses it
-//     if a launch touched the region since the snapshot. Otherwise the region is dirty: the copy is enqueued then,
-//     its fences being long passed, and the move goes on as any eviction;
+//     (poll_moves, settle: resolve_check) and equals the known one, the host copy is current: the move goes straight
+//     to its remap with no copy (writeback_skipped), and the gate still refuses it if a launch touched the region
+//     since the snapshot. Otherwise the region is dirty: the copy is enqueued then, its fences being long passed,
+//     and the move goes on as any eviction;
 //   * any copy into the host backing makes the known digest stale (digest_known = false) until the next prefetch,
 //     whether or not that eviction completes;
 //   * a region found dirty by two checks in a row (trained weights, optimizer state) skips the check for its next

@@ -23,7 +23,7 @@ enum class tracker_api : std::uint8_t {
 struct tracker_mode {
   tracker_api api = tracker_api::both;
   bool subscribe_only = false;  // the callbacks are enabled but record nothing (a measurement aid)
-  bool attribute = false;       // LAYERSWAP_TRACK=attribute (cupti_tracker.cpp, Note [Launches beside the engine's calls])
+  bool attribute = false;  // LAYERSWAP_TRACK=attribute (cupti_tracker.cpp, Note [Launches beside the engine's calls])
 };
 // The mode the next subscription (tracker_start, tracker_resume) uses. Until set, LAYERSWAP_TRACK_API and
 // LAYERSWAP_TRACK=subscribe-only decide; tests and benchmarks switch modes between pause and resume.

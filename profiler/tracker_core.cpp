@@ -208,7 +208,8 @@ tracker_stats tracker_core::stats() {
   for (std::size_t b = 0; b < k_launch_hist; ++b) {
     s.launch_hist_calls[b] = launch_hist_calls_[b].load(std::memory_order_relaxed);
     s.launch_hist_ns[b] = fast_clock::to_ns(launch_hist_ticks_[b].load(std::memory_order_relaxed));
-    s.launch_hist_upper_ns[b] = b + 1 < k_launch_hist ? fast_clock::to_ns(std::uint64_t{1} << (k_launch_hist_shift + b)) : 0;
+    const std::uint64_t upper = std::uint64_t{1} << (k_launch_hist_shift + b);
+    s.launch_hist_upper_ns[b] = b + 1 < k_launch_hist ? fast_clock::to_ns(upper) : 0;  // the last bucket is open
   }
   s.consumer_sleeps = consumer_sleeps_.load(std::memory_order_relaxed);
   s.trace_written = trace_.written();

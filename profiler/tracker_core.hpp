@@ -142,7 +142,8 @@ class tracker_core {
     const std::size_t state = engine_state < k_engine_states ? engine_state : 0;
     launch_engine_calls_[state].fetch_add(1, std::memory_order_relaxed);
     launch_engine_ticks_[state].fetch_add(driver_ticks, std::memory_order_relaxed);
-    const std::size_t bucket = std::min<std::size_t>(std::bit_width(driver_ticks >> k_launch_hist_shift), k_launch_hist - 1);
+    const std::size_t bucket =
+        std::min<std::size_t>(std::bit_width(driver_ticks >> k_launch_hist_shift), k_launch_hist - 1);
     launch_hist_calls_[bucket].fetch_add(1, std::memory_order_relaxed);
     launch_hist_ticks_[bucket].fetch_add(driver_ticks, std::memory_order_relaxed);
   }

@@ -773,6 +773,19 @@ TEST(Residency, ABatchedCheckWaitsForAWriteQueuedBeforeIt) {
   h.expect_clean();
 }
 
+// The end of a check scene's test: every weight on the host with the bytes it was written with, the books sound, and
+// no invalid access on the simulated device; then the scene's memory is freed.
+void expect_scene_evicted_whole(caching_allocator& alloc, sim_driver& sim, const check_scene& scene) {
+  for (std::size_t i = 0; i < scene.w.size(); ++i) {
+    EXPECT_EQ(alloc.residency_of(scene.w[i]), region_residency::host) << "weight " << i;
+    EXPECT_TRUE(sim_holds(sim, scene.w[i], 4 * MiB, static_cast<std::uint8_t>(i + 1))) << "weight " << i;
+  }
+  EXPECT_NO_THROW(alloc.verify());
+  for (void* p : scene.w) alloc.deallocate(p);
+  for (void* p : scene.x) alloc.deallocate(p);
+  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+}
+
 // Note [Batched checks]: when the batch's digest launch fails, every eviction of the batch copies instead, as a single
 // check's failed launch does (no check is resolved, nothing reads as clean), and digests are off from then on.
 TEST(Residency, AFailedBatchedDigestCopiesEveryRegionOfTheBatch) {
@@ -792,14 +805,7 @@ TEST(Residency, AFailedBatchedDigestCopiesEveryRegionOfTheBatch) {
   EXPECT_EQ(st.writeback_checked, before.writeback_checked) << "a check was resolved on words no digest wrote";
   EXPECT_EQ(st.writeback_skipped, before.writeback_skipped);
   EXPECT_EQ(st.bytes_d2h - before.bytes_d2h, static_cast<std::int64_t>(16 * MiB));
-  for (std::size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(alloc.residency_of(scene.w[i]), region_residency::host) << "weight " << i;
-    EXPECT_TRUE(sim_holds(sim, scene.w[i], 4 * MiB, static_cast<std::uint8_t>(i + 1))) << "weight " << i;
-  }
-  EXPECT_NO_THROW(alloc.verify());
-  for (void* p : scene.w) alloc.deallocate(p);
-  for (void* p : scene.x) alloc.deallocate(p);
-  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  expect_scene_evicted_whole(alloc, sim, scene);
 }
 
 // Note [Batched checks]: a check whose own fence fails to enqueue is undone alone (it stays on the device, whole);
@@ -834,14 +840,7 @@ TEST(Residency, ABatchedCheckWhoseFenceFailsIsUndoneAlone) {
   const residency_stats st = alloc.residency();
   EXPECT_EQ(st.writeback_skipped - before.writeback_skipped, 4);
   EXPECT_EQ(st.bytes_d2h, before.bytes_d2h);
-  for (std::size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(alloc.residency_of(scene.w[i]), region_residency::host) << "weight " << i;
-    EXPECT_TRUE(sim_holds(sim, scene.w[i], 4 * MiB, static_cast<std::uint8_t>(i + 1))) << "weight " << i;
-  }
-  EXPECT_NO_THROW(alloc.verify());
-  for (void* p : scene.w) alloc.deallocate(p);
-  for (void* p : scene.x) alloc.deallocate(p);
-  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  expect_scene_evicted_whole(alloc, sim, scene);
 }
 
 // Note [Chunks]: a large segment is one physical allocation mapped in one call, so an eviction unmaps it in one

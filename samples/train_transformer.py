@@ -15,7 +15,8 @@ The default size (d_model 2048, 20 layers, 16 heads, MLP 4x, vocab 32000) has 1,
 
 --deterministic makes two runs of the same command produce bit-identical losses (deterministic algorithms,
 fixed cuBLAS workspace, fixed seeds); tests/python/test_gpu_torch.py compares such runs with and without
-layerswap. --json writes the losses (floats and float.hex strings), step times and peak memory.
+layerswap. --json writes the losses (floats and float.hex strings), step times and peak memory, and under layerswap
+its statistics (layerswap.stats()) and its launch tracker's (layerswap.tracker.stats()).
 """
 
 import argparse
@@ -334,6 +335,11 @@ def train(cfg, *, steps, warmup, batch, seq, seed, device, deterministic=False, 
                 result["layerswap_stats"] = ls.stats().get(index)
             except Exception as err:
                 log(f"warning: layerswap.stats() failed: {type(err).__name__}: {err}")
+            try:  # the launch tracker's counters (layerswap.tracker.stats()), where it ran
+                import layerswap.tracker
+                result["tracker_stats"] = layerswap.tracker.stats()
+            except Exception as err:
+                log(f"warning: layerswap.tracker.stats() failed: {type(err).__name__}: {err}")
     return result
 
 

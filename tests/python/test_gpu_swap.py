@@ -104,6 +104,30 @@ def test_training_under_budget_is_bitwise_equal(tmp_path, baseline):
     print("\n" + "\n".join(lines))
 
 
+def test_attribution_counts_every_timed_launch_once(tmp_path, baseline):
+    """LAYERSWAP_TRACK=attribute at 25% (profiler/cupti_tracker.cpp, Note [Launches beside the engine's calls]):
+    every launch whose time the tracker took is counted once under the engine's state it met and once in the
+    histogram, some met the engine in a VMM call (it moved memory), and the losses do not change."""
+    native1 = baseline[0]
+    budget = budget_for(baseline, 0.25)
+    run, proc = train(tmp_path, "layerswap-attribute", clean_env(LAYERSWAP_BUDGET=budget, LAYERSWAP_TRACK="attribute"))
+    t = run.get("tracker_stats") or {}
+    timed = t.get("launch_api_calls", 0)
+    met = {k[len("launch_engine_"):-len("_calls")]: v for k, v in t.items()
+           if k.startswith("launch_engine_") and k.endswith("_calls")}
+    hist = [v for k, v in t.items() if k.startswith("launch_hist_") and k.endswith("_calls")]
+    print(f"\nlaunches timed {timed}, by the engine's call they met {met}, histogram {hist}")
+    assert timed > 0 and met and hist, f"no attribution figures in the tracker's stats\n{proc.stderr[-3000:]}"
+    assert sum(met.values()) == timed, f"{sum(met.values())} launches attributed, {timed} timed"
+    assert sum(hist) == timed, f"{sum(hist)} launches in the histogram, {timed} timed"
+    assert residency(run).get("bytes_d2h", 0) > 0, "nothing was evicted: the test proves nothing"
+    assert met.get("set_access", 0) + met.get("map", 0) + met.get("unmap", 0) > 0, (
+        "no launch met one of the engine's VMM calls while it moved memory: the marking does not work")
+    assert run["losses_hex"] == native1["losses_hex"], (
+        f"losses with LAYERSWAP_TRACK=attribute differ from the native run: "
+        f"{first_difference(native1['losses_hex'], run['losses_hex'])}\n{proc.stderr[-3000:]}")
+
+
 def test_experimental_placement_under_budget_is_bitwise_equal(tmp_path, baseline):
     """LAYERSWAP_RESERVE=follow, LAYERSWAP_SPLIT=8 and no cache reserve at 25%: activations go into ranges of freed
     segments and into evicted weights' chunks at their home VAs (allocator/caching_allocator.cpp, Notes [Split

@@ -288,7 +288,10 @@ static std::string learner_report() {
                 static_cast<unsigned long long>(s.steps), static_cast<unsigned long long>(s.recurring_regions),
                 static_cast<unsigned long long>(s.groups), static_cast<unsigned long long>(s.learns),
                 static_cast<unsigned long long>(s.relearns), s.hit_rate());
-  return line;
+  std::string out = line;
+  // LAYERSWAP_TRACK=attribute: where the launches met the migration thread (empty otherwise).
+  if (profiler::tracker_core* core = profiler::tracker_instance()) out += profiler::attribution_report(core->stats());
+  return out;
 }
 
 void install() {

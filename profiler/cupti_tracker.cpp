@@ -35,7 +35,7 @@
 //   launch_driver_ns figure) is counted under the kind it met (the entry's, else the exit's; none when neither
 //   saw a call), and in a histogram of lengths. A launch that overlapped only the middle of a short engine call
 //   counts as none; engine calls are mostly longer than launches (tens of microseconds against a few), so that
-//   is rare. Off otherwise: the mark costs the engine a store per call and the launch two loads of a line that
+//   is rare. LAYERSWAP_STATS=1 prints the totals at exit (attribution_report, tracker_core.hpp). Off otherwise: the mark costs the engine a store per call and the launch two loads of a line that
 //   the engine writes.
 //
 // Note [Run-time binding]

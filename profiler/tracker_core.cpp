@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <map>
 
 #include "runtime/fast_clock.hpp"
@@ -22,6 +23,37 @@ const char* reason_name(undecoded_reason r) noexcept {
     case undecoded_reason::count_: break;
   }
   return "?";
+}
+
+std::string attribution_report(const tracker_stats& s) {
+  std::vector<std::pair<std::uint64_t, std::size_t>> met;  // (ns, state)
+  for (std::size_t i = 0; i < k_engine_states; ++i) {
+    if (s.launch_engine_calls[i] != 0) met.emplace_back(s.launch_engine_ns[i], i);
+  }
+  if (met.empty()) return {};
+  std::sort(met.begin(), met.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string out = "layerswap: launches' time in the driver by the migration thread's driver call they met:";
+  char part[160];
+  const char* sep = " ";
+  for (const auto& [ns, i] : met) {
+    const std::uint64_t n = s.launch_engine_calls[i];
+    const char* kind = i == 0 ? "none" : driver_calls::k_names[i - 1];
+    const double mean_us = static_cast<double>(ns) / static_cast<double>(n) * 1e-3;
+    std::snprintf(part, sizeof part, "%s%s %llu x %.1f us = %.1f ms", sep, kind, static_cast<unsigned long long>(n),
+                  mean_us, static_cast<double>(ns) * 1e-6);
+    out += part;
+    sep = "; ";
+  }
+  std::uint64_t slow = 0;
+  std::uint64_t slow_ns = 0;
+  for (std::size_t b = 1; b < k_launch_hist; ++b) {  // bucket b's lower bound is bucket b - 1's upper one
+    if (s.launch_hist_upper_ns[b - 1] < 16'000) continue;
+    slow += s.launch_hist_calls[b];
+    slow_ns += s.launch_hist_ns[b];
+  }
+  std::snprintf(part, sizeof part, "; %llu launches of 16 us or more (%.1f ms)\n",
+                static_cast<unsigned long long>(slow), static_cast<double>(slow_ns) * 1e-6);
+  return out + part;
 }
 
 tracker_core::tracker_core(tracker_options options)

@@ -105,6 +105,11 @@ struct tracker_stats {
   std::vector<std::pair<std::string, std::uint64_t>> no_region_families;
 };
 
+// LAYERSWAP_STATS under LAYERSWAP_TRACK=attribute: one line of the launches' driver time by the migration thread's
+// driver call they met (the largest totals first) and of those that took 16 us or more; "" when nothing was
+// attributed.
+[[nodiscard]] std::string attribution_report(const tracker_stats& s);
+
 struct drained_event {
   std::uint64_t launch_no = 0;
   std::uint64_t stream = 0;

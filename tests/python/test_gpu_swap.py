@@ -107,10 +107,12 @@ def test_training_under_budget_is_bitwise_equal(tmp_path, baseline):
 def test_attribution_counts_every_timed_launch_once(tmp_path, baseline):
     """LAYERSWAP_TRACK=attribute at 25% (profiler/cupti_tracker.cpp, Note [Launches beside the engine's calls]):
     every launch whose time the tracker took is counted once under the engine's state it met and once in the
-    histogram, some met the engine in a VMM call (it moved memory), and the losses do not change."""
+    histogram, some met the engine in a VMM call (it moved memory), LAYERSWAP_STATS prints them at exit, and the
+    losses do not change."""
     native1 = baseline[0]
     budget = budget_for(baseline, 0.25)
-    run, proc = train(tmp_path, "layerswap-attribute", clean_env(LAYERSWAP_BUDGET=budget, LAYERSWAP_TRACK="attribute"))
+    run, proc = train(tmp_path, "layerswap-attribute",
+                      clean_env(LAYERSWAP_BUDGET=budget, LAYERSWAP_TRACK="attribute", LAYERSWAP_STATS=1))
     t = run.get("tracker_stats") or {}
     timed = t.get("launch_api_calls", 0)
     met = {k[len("launch_engine_"):-len("_calls")]: v for k, v in t.items()
@@ -123,6 +125,9 @@ def test_attribution_counts_every_timed_launch_once(tmp_path, baseline):
     assert residency(run).get("bytes_d2h", 0) > 0, "nothing was evicted: the test proves nothing"
     assert met.get("set_access", 0) + met.get("map", 0) + met.get("unmap", 0) > 0, (
         "no launch met one of the engine's VMM calls while it moved memory: the marking does not work")
+    line = "layerswap: launches' time in the driver by the migration thread's driver call they met: "
+    assert line in proc.stderr, f"LAYERSWAP_STATS=1 printed no attribution line\n{proc.stderr[-3000:]}"
+    print([s for s in proc.stderr.splitlines() if s.startswith(line)][0])
     assert run["losses_hex"] == native1["losses_hex"], (
         f"losses with LAYERSWAP_TRACK=attribute differ from the native run: "
         f"{first_difference(native1['losses_hex'], run['losses_hex'])}\n{proc.stderr[-3000:]}")

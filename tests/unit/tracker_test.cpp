@@ -537,6 +537,25 @@ TEST(TrackerCore, LaunchesAreAttributedToTheEnginesCallAndBucketedByLength) {
   EXPECT_EQ(total, 5u);
 }
 
+// LAYERSWAP_STATS under LAYERSWAP_TRACK=attribute: the states by total time, and the launches of 16 us or more.
+TEST(TrackerCore, AttributionReportListsTheStatesByTotalAndTheSlowLaunches) {
+  tracker_stats s;
+  EXPECT_EQ(attribution_report(s), "") << "nothing attributed: no line";
+  const auto map_state = static_cast<std::size_t>(driver_calls::kind::map) + 1;
+  s.launch_engine_calls[0] = 4;
+  s.launch_engine_ns[0] = 20'000'000;  // 5 ms each
+  s.launch_engine_calls[map_state] = 2;
+  s.launch_engine_ns[map_state] = 60'000'000;  // 30 ms each: the larger total, first
+  for (std::size_t b = 0; b + 1 < k_launch_hist; ++b) s.launch_hist_upper_ns[b] = 500ull << b;  // 0.5, 1, 2, ... us
+  s.launch_hist_calls[3] = 4;   // 4-8 us
+  s.launch_hist_ns[3] = 20'000;
+  s.launch_hist_calls[6] = 2;   // 32-64 us: lower bound 16 us (bucket 5's upper)
+  s.launch_hist_ns[6] = 90'000'000;
+  EXPECT_EQ(attribution_report(s),
+            "layerswap: launches' time in the driver by the migration thread's driver call they met: map 2 x 30000.0 us "
+            "= 60.0 ms; none 4 x 5000.0 us = 20.0 ms; 2 launches of 16 us or more (90.0 ms)\n");
+}
+
 TEST(TrackerCore, ManyRegionsContinueInFurtherEvents) {
   tracker_core core;
   region_set many;

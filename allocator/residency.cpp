@@ -996,11 +996,13 @@ struct residency_engine::impl {
   void start_copy(swap_region& r, move& m, stream_handle copy_stream) {
     fence(r, m, copy_stream);
     bool digesting = false;
-    if (m.checking && !(digesting = enqueue_digest(r, m, r.va, copy_stream))) {
-      m.checking = false;  // Note [Write-back]: digests failed, copy instead
-      r.digest_known = false;
-    }
+    if (m.checking && !(digesting = enqueue_digest(r, m, r.va, copy_stream))) copy_instead_of_check(r, m);
     end_copy_start(r, m, copy_stream, digesting);
+  }
+  // Note [Write-back]: the check's digest could not be enqueued (digests are off from now on): the eviction copies.
+  static void copy_instead_of_check(swap_region& r, move& m) noexcept {
+    m.checking = false;
+    r.digest_known = false;
   }
   // The first part of start_copy: the snapshot, and the fences (the copy stream waits for them).
   void fence(swap_region& r, move& m, stream_handle copy_stream) {
@@ -1142,10 +1144,7 @@ struct residency_engine::impl {
     const bool digesting = digests_on && enqueue_digests(fenced, d2h);
     for (swap_region* r : fenced) {
       move& m = *r->mv;
-      if (!digesting) {
-        m.checking = false;  // Note [Write-back]: digests failed, copy instead
-        r->digest_known = false;
-      }
+      if (!digesting) copy_instead_of_check(*r, m);
       try {
         // A digest launch that failed may have digested some ranges first: their words are left to it too.
         end_copy_start(*r, m, d2h, digests_on);

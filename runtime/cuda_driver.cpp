@@ -572,7 +572,7 @@ class cuda_driver final : public driver {
     const auto what = [&] {
       return strprintf("digest_async(va=0x%llx, %s, stream=%p)", hex(va), format_bytes(bytes).c_str(), stream);
     };
-    if (bytes == 0 || bytes % 16 != 0 || va % 16 != 0 || out == nullptr) {
+    if (!digestible({va, bytes, out})) {
       throw cuda_error(CUDA_ERROR_INVALID_VALUE, what() + ": the range must be 16-byte aligned and non-empty, with result words");
     }
     unsigned slot = digest_slot(stream, what);
@@ -592,7 +592,7 @@ class cuda_driver final : public driver {
     const auto what = [&] { return strprintf("digest_many_async(%zu ranges, stream=%p)", ranges.size(), stream); };
     for (std::size_t i = 0; i < ranges.size(); ++i) {
       const digest_range& r = ranges[i];
-      if (r.bytes == 0 || r.bytes % 16 != 0 || r.va % 16 != 0 || r.out == nullptr) {
+      if (!digestible(r)) {
         throw cuda_error(CUDA_ERROR_INVALID_VALUE,
                          what() + strprintf(": range %zu (va=0x%llx, %s, out=%p) must be 16-byte aligned and "
                                             "non-empty, with result words",
@@ -663,6 +663,11 @@ class cuda_driver final : public driver {
   }
 
  private:
+  // What the digest kernels take: a non-empty, 16-byte aligned range of 16-byte units, with result words.
+  [[nodiscard]] static bool digestible(const digest_range& r) noexcept {
+    return r.bytes != 0 && r.bytes % 16 == 0 && r.va % 16 == 0 && r.out != nullptr;
+  }
+
   // The scratch slot of `stream` (Note [Digest kernel]), the kernels loaded first; `what` names the call in errors.
   template <class What>
   unsigned digest_slot(stream_handle stream, const What& what) {

@@ -88,7 +88,7 @@
 //   A chunk is always mapped whole: the H200's driver (580.159) refuses a map at an offset into an allocation or of
 //   a part of it (CUDA_ERROR_NOT_SUPPORTED; .dev probe, session 22), so a donor larger than n + n/8 is no use.
 //   Experimental, off by default (LAYERSWAP_COMPOSITES=1). On the H200 (1.1B LoRA at 25%, batch 4 x 2048 and
-//   8 x 2048, interleaved with it off; docs/swapping.md, session 22) composites halved the fence waits at 4 x 2048
+//   8 x 2048, interleaved with it off; docs/history.md, session 22) composites halved the fence waits at 4 x 2048
 //   (2.4-2.9 a step to 1.0-1.3, 9-18 ms to 6-12 ms); at 8 x 2048 they went from 3 a step to 2-2.5 but took as long
 //   (67-70 ms against 72-75). The step did not move beyond the noise. Most waits left are for the loss's fp32
 //   logits (1.95 GiB) and their bf16 copy (1000 MiB), where the stream's idle memory is too little or one chunk too
@@ -113,7 +113,7 @@
 //   until its last range is freed; the engine may still evict it whole under pressure, and a host-backed one hands out
 //   no ranges. The bound keeps a small request from pinning a much larger segment: the free ranges of a live segment
 //   are room nobody else can use.
-//   Experimental, off by default. On the H200 (docs/swapping.md, session 23) it did not touch the 4 x 2048 churn at
+//   Experimental, off by default. On the H200 (docs/history.md, session 23) it did not touch the 4 x 2048 churn at
 //   bound 4 (1-2 splits a step: the churn is the loss's 1000 MiB logits and the activations turning into each other,
 //   out of reach); at 16 or more it removed the churn but the big segments, split for activations that live until the
 //   backward pass, left the policy no room (14x slower); full fine-tuning at 10% spent half the time in allocator
@@ -143,7 +143,7 @@
 //   home) and is never a composite's donor. Destroyed (idle and fenced, as any reclaim: its stream is past its
 //   last launches), nothing is unmapped: the chunk is a spare again, mapped at its home, where the next prefetch
 //   of its size stages into it. Experimental, with LAYERSWAP_SPLIT. On the H200 (1.1B LoRA at 25%,
-//   docs/swapping.md, session 27) follow with split 8 made ~100 home segments a step, but the program still
+//   docs/history.md, session 27) follow with split 8 made ~100 home segments a step, but the program still
 //   made ~145 segments: the activations outgrow the spares the evictions ahead have freed, and at the step's
 //   start the prefetches take back 1.5-2 GB of idle activation segments of other sizes (1.3-1.4x the resident
 //   step against 1.1x by default).

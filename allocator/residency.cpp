@@ -105,7 +105,7 @@
 // Note [Batched checks]
 //   A check is a digest kernel launch, and launches cost driver time whatever they digest: the ~200 checks a step of
 //   the 1.1B LoRA at 25% cost the program's launching threads ~1.5 ms of driver time a step on the H100, ~7.5 us each
-//   (docs/swapping.md, session 33), though they run on the migration thread. The evictions a policy round starts are
+//   (docs/history.md, session 33), though they run on the migration thread. The evictions a policy round starts are
 //   left to tick() to enqueue (defer_start), so tick() gives the checks among them one launch (start_all_deferred,
 //   driver::digest_many_async; the real port takes up to 32 ranges a launch): first every check's snapshot and
 //   fences (fence), then one digest of all their regions on the D2H stream, then each one's `done`
@@ -170,7 +170,7 @@
 //   idle segment whose chunk is exactly its size (page_source::reclaim_idle_sized: a region's own chunk or a home
 //   segment's), which passes to it as it is; with LAYERSWAP_SPLIT the allocator places activations in the weights'
 //   spare chunks where it can (Notes [Split spares] and [Home segments] in caching_allocator.cpp). On the H200 (1.1B
-//   LoRA at 25%, docs/swapping.md, sessions 26 and 27) it cut the bytes moved per step from 3.73 to 2.1-2.5 GB, but the
+//   LoRA at 25%, docs/history.md, sessions 26 and 27) it cut the bytes moved per step from 3.73 to 2.1-2.5 GB, but the
 //   program still made ~145 segments a step (~300 without home segments): 1.3-1.4x the resident step against 1.1x.
 //
 // Note [Reclaiming for a prefetch]
@@ -1295,7 +1295,7 @@ struct residency_engine::impl {
       // maps, released here without the mutex as a landed prefetch's are (the guard below): end_finish needs the
       // mutex, and a program thread may hold it while it waits on the host for work queued behind those launches
       // (a fence, with release_holds() skipping this busy region). Waiting for end_finish hung the 1.1B LoRA run
-      // at 25% with LAYERSWAP_HOLD=1 (docs/swapping.md).
+      // at 25% with LAYERSWAP_HOLD=1 (docs/history.md, the README's figures at session 34).
       if (m.to_device) release_hold(r, m);
       if (options.refused_hook) options.refused_hook(r.id);
       return;
@@ -1484,7 +1484,7 @@ struct residency_engine::impl {
   // may be waiting for one, and its remap (device pages) is quick, while an eviction's maps host pages, the slow
   // kind (8-13 us per MiB: bench/results/vmm_host_probe.json); a prefetch behind a few of those landed late.
   // Going further, remapping a landed prefetch that a launch waits for between two items of a batch (session 18,
-  // docs/swapping.md), cut full fine-tuning's launch waits from 0.16 to 0.02 s per step on the H200 but slowed its
+  // docs/history.md), cut full fine-tuning's launch waits from 0.16 to 0.02 s per step on the H200 but slowed its
   // step 8-10%: the program, no longer held back, ran on host copies (hit rate 0.974 -> 0.926) and the evictions
   // behind the served remaps freed their pages later; LoRA did not change. A launch's wait is the backpressure
   // that keeps the program on the device.

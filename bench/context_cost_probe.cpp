@@ -1,6 +1,6 @@
 // How much device memory a second CUDA context costs a process, and how much of it the context's limits give back
 // (stack, printf FIFO, malloc heap set low), before and after a VMM cycle (host-located memory mapped, access
-// granted) made in it; then the same for a green context. For the question in docs/swapping.md (sessions 17 and 18):
+// granted) made in it; then the same for a green context. For the question in docs/history.md (sessions 17 and 18):
 // would a context of the migration thread's own, for its VMM calls, be affordable? Build and run on a GPU machine:
 //   g++ -O2 -std=c++20 bench/context_cost_probe.cpp -I/usr/local/cuda/include -L/usr/local/cuda/lib64/stubs
 //       -lcuda -o /tmp/context_cost_probe && /tmp/context_cost_probe

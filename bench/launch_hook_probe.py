@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Can kernel launches be seen without CUPTI? A coverage probe (bench/launch_hook_probe.c).
 
-CUPTI's callbacks cost ~4% of the 1.1B LoRA step with an empty callback (docs/swapping.md, session 28), the largest
+CUPTI's callbacks cost ~4% of the 1.1B LoRA step with an empty callback (docs/history.md, session 28), the largest
 single part of layerswap's cost at 25%. The shim in bench/launch_hook_probe.c wraps the driver's launch functions
 where libraries resolve them (dlsym, cuGetProcAddress) and interposes the runtime's launch functions (CUDA 13's
 __cudaLaunchKernel among them), and counts the calls. This script builds it, trains a case for a few steps with
@@ -9,7 +9,7 @@ layerswap on (a budget above everything: the tracker sees every launch, nothing 
 compares the shim's counts with the tracker's kernel launches in the same process. Equal counts say every launch of
 the workload came through one of those two routes; a gap is the launches that took another path (a runtime linked
 into a library, the driver's export table, graphs). Session 28 on the H200: 83% of the LoRA step's launches, 79% of
-the UNet's, all but 4 of full fine-tuning's (docs/swapping.md).
+the UNet's, all but 4 of full fine-tuning's (docs/history.md, session 28).
 
     python3 bench/launch_hook_probe.py --steps 6 --out bench/results/launch_hook_probe.json
     python3 bench/launch_hook_probe.py --self-test     # the shim on a fake driver and runtime, no GPU

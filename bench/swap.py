@@ -43,7 +43,7 @@ timeout) records its error text in the case; no figure is ever made up. Results 
 Defaults: 30 steps per run, the first 5 left out of the medians; Llama batch 1 x sequence 1024; UNet batch 8 at
 64x64; budgets at 0.5, 0.25 and 0.10 (swap_budget says what a fraction means); a 256 MiB budget margin
 (--margin-share 0.1 makes it at least 10% of the transient bytes: at larger batches the peers need that much to run
-under the cap, docs/swapping.md, session 21). The Llama cases need transformers and peft, the accelerate peer
+under the cap, docs/history.md, session 21). The Llama cases need transformers and peft, the accelerate peer
 accelerate.
 
 Determinism: every side uses the same seeds, torch.use_deterministic_algorithms(True), CUBLAS_WORKSPACE_CONFIG=

@@ -4,7 +4,7 @@
 An evicted region stays mapped to its host copy (DESIGN.md invariant 3), so a kernel that touches it runs, reading
 over PCIe ("zero-copy"). The residency engine instead copies every region in before its use and out after, and at
 25% of the 1.1B LoRA's weights its remaps keep the migration thread busy ~96% of the forward pass
-(docs/swapping.md, session 31). If a GEMM reading its weight from host memory runs near the link's speed, a region
+(docs/history.md, session 31). If a GEMM reading its weight from host memory runs near the link's speed, a region
 left on the host costs the GPU about what its copy costs the copy engine, and the engine no VMM call at all.
 
 This times, per weight shape of the 1.1B Llama (M tokens = --tokens), bf16:

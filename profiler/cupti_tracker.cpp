@@ -27,7 +27,7 @@
 //
 // Note [Launches beside the engine's calls]
 //   While the residency engine moves, the program's kernel launches spend longer in the driver: on the H100 at
-//   25% of the 1.1B LoRA step, ~5 ms a step more than with nothing to move (docs/swapping.md, session 33), and
+//   25% of the 1.1B LoRA step, ~5 ms a step more than with nothing to move (docs/history.md, session 33), and
 //   the engine's digests, copies and fence records explain only ~2 ms of it. LAYERSWAP_TRACK=attribute is the
 //   measurement aid that asks which of the engine's driver calls a slow launch met: the migration thread
 //   publishes the kind of the driver call it is in (runtime/driver_calls.hpp, set_engine_call_marking), the

@@ -2,6 +2,7 @@
 
     python bench/tracker.py [--abba-processes 3] [--processes 4] [--cpu 2] [--out bench/results/tracker.json]
     python bench/tracker.py --self-test     # the estimates' arithmetic, no GPU
+    python bench/tracker.py --abba-only --out F.json   # the interleaved headline alone (compare two installs)
 
 Each measurement runs in a fresh subprocess (CUPTI state and torch's caches do not leak between them):
   0. torch loop, interleaved (the headline, added_us_per_launch_torch; Note [Interleaved blocks] at
@@ -757,6 +758,9 @@ def main():
                          "run; default 80)")
     ap.add_argument("--other-cpus", help=argparse.SUPPRESS)  # for the children
     ap.add_argument("--skip-train-driver", action="store_true", help="train once, with LAYERSWAP_TRACK_API=both")
+    ap.add_argument("--abba-only", action="store_true",
+                    help="run the interleaved torch loop (the headline) alone, write its figures to --out and stop: "
+                         "a quick comparison of two builds, each run with its own install")
     ap.add_argument("--self-test", action="store_true", help="test the estimates' arithmetic (no GPU) and exit")
     args = ap.parse_args()
     if args.self_test:
@@ -788,6 +792,13 @@ def main():
     abba = run_torch_abba(args, log)
     log(f"torch loop, interleaved: added per launch {abba['added_us']:+.3f} us, 95% interval {abba['added_us_ci95']} "
         f"over {abba['quads']} quads ({abba['added_cpu_us']:+.3f} us of thread CPU)")
+    if args.abba_only:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"benchmark": "tracker (interleaved torch loop only)", **abba,
+                                   "seconds": round(time.time() - t_start, 1)}, indent=2) + "\n")
+        log(f"wrote {out}")
+        return 0
     tl = run_torch_loop(args, log)
     log(f"torch loop done: added per launch {tl['added_us_per_launch_torch']:+.3f} us (process medians), "
         f"{tl['added_us_per_launch_torch_paired']:+.3f} (adjacent pairs), "

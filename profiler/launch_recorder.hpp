@@ -6,6 +6,14 @@
 // Everything here runs on the launching thread inside the callback: no allocation, no lock, no logging. The
 // per-thread scratch is one constant-initialized thread_local, fetched once per callback (one TLS lookup) and
 // passed down by reference.
+//
+// Note [One TLS lookup per callback]
+//   layerswap is a shared library that Python loads with dlopen, so a thread_local is reached through
+//   __tls_get_addr (the general-dynamic model; the static TLS block that the one-instruction models need is too
+//   small for this ~20 KiB scratch). Knowing that `t` is &t_scratch, GCC 12 called __tls_get_addr again wherever
+//   keeping the address in a register was dearer: 177 call sites in on_callback, several per launch, the gate's
+//   loops one per region. this_thread_scratch() hides the address behind an empty asm, so the compiler keeps the
+//   pointer it got: one call per callback (objdump -dr of cupti_tracker.cpp.o counts them).
 #pragma once
 
 #include <cstdint>
@@ -67,8 +75,14 @@ inline void count_residency(const region_set& regions, const thread_scratch& t) 
 }
 }  // namespace detail
 
-// The calling thread's scratch (one TLS lookup: call once per callback).
-inline thread_scratch& this_thread_scratch() noexcept { return detail::t_scratch; }
+// The calling thread's scratch (one TLS lookup: call once per callback). Note [One TLS lookup per callback].
+inline thread_scratch& this_thread_scratch() noexcept {
+  thread_scratch* scratch = &detail::t_scratch;
+#if defined(__GNUC__)
+  asm("" : "+r"(scratch));  // the compiler no longer knows where it points: it keeps it instead of asking again
+#endif
+  return *scratch;
+}
 
 // A kernel launch with either kernelParams (+ the layout `query` answers) or an `extra` buffer. The gate frame
 // must be open (t.gate.open()).

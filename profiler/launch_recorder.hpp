@@ -11,9 +11,10 @@
 //   layerswap is a shared library that Python loads with dlopen, so a thread_local is reached through
 //   __tls_get_addr (the general-dynamic model; the static TLS block that the one-instruction models need is too
 //   small for this ~20 KiB scratch). Knowing that `t` is &t_scratch, GCC 12 called __tls_get_addr again wherever
-//   keeping the address in a register was dearer: 177 call sites in on_callback, several per launch, the gate's
-//   loops one per region. this_thread_scratch() hides the address behind an empty asm, so the compiler keeps the
-//   pointer it got: one call per callback (objdump -dr of cupti_tracker.cpp.o counts them).
+//   keeping the address in a register was dearer: 177 call sites in on_callback, more than one on a launch's path.
+//   this_thread_scratch() hides the address behind an empty asm, so the compiler keeps the pointer it got: one call
+//   site (objdump -dr of cupti_tracker.cpp.o counts them), and 3 KB less code. On an H100 the cost per launch and
+//   the LoRA step did not change beyond the noise (docs/history.md, session 35).
 #pragma once
 
 #include <cstdint>

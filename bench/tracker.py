@@ -722,6 +722,14 @@ def run_torch_loop(args, log):
     }
 
 
+def write_json(path, data):
+    """Writes `data` as indented JSON to `path` (its folder made if missing); returns the Path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Defaults take about 3 to 4 minutes on "
                                  "an H100, the torch loop at most about --torch-budget-s.")
@@ -793,10 +801,8 @@ def main():
     log(f"torch loop, interleaved: added per launch {abba['added_us']:+.3f} us, 95% interval {abba['added_us_ci95']} "
         f"over {abba['quads']} quads ({abba['added_cpu_us']:+.3f} us of thread CPU)")
     if args.abba_only:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"benchmark": "tracker (interleaved torch loop only)", **abba,
-                                   "seconds": round(time.time() - t_start, 1)}, indent=2) + "\n")
+        out = write_json(args.out, {"benchmark": "tracker (interleaved torch loop only)", **abba,
+                                    "seconds": round(time.time() - t_start, 1)})
         log(f"wrote {out}")
         return 0
     tl = run_torch_loop(args, log)
@@ -871,9 +877,7 @@ def main():
     }
     if "error" in cpp or cpp.get("rc"):
         result["cpp_output_tail"] = cpp.get("tail", cpp.get("error"))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_json(args.out, result)
 
     sides = tl["torch_sides"]
     paired, in_process = tl["torch_paired"], tl["torch_in_process"]

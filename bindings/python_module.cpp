@@ -300,7 +300,7 @@ PYBIND11_MODULE(_C, m) {
     // whose driver part was below launch_hist_<b>_upper_s (the last bucket has no upper bound).
     if (std::any_of(s.launch_engine_calls.begin(), s.launch_engine_calls.end(), [](auto n) { return n != 0; })) {
       for (std::size_t i = 0; i < profiler::k_engine_states; ++i) {
-        const std::string kind = i == 0 ? "none" : driver_calls::k_names[i - 1];
+        const std::string kind = profiler::engine_state_name(i);
         d[py::str("launch_engine_" + kind + "_calls")] = s.launch_engine_calls[i];
         d[py::str("launch_engine_" + kind + "_s")] = static_cast<double>(s.launch_engine_ns[i]) * 1e-9;
       }

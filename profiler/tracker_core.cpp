@@ -37,7 +37,7 @@ std::string attribution_report(const tracker_stats& s) {
   const char* sep = " ";
   for (const auto& [ns, i] : met) {
     const std::uint64_t n = s.launch_engine_calls[i];
-    const char* kind = i == 0 ? "none" : driver_calls::k_names[i - 1];
+    const char* kind = engine_state_name(i);
     const double mean_us = static_cast<double>(ns) / static_cast<double>(n) * 1e-3;
     std::snprintf(part, sizeof part, "%s%s %llu x %.1f us = %.1f ms", sep, kind, static_cast<unsigned long long>(n),
                   mean_us, static_cast<double>(ns) * 1e-6);

@@ -68,6 +68,10 @@ struct tracker_options {
 // LAYERSWAP_TRACK=attribute: the migration thread's states a launch can meet (none, or in a driver call of one
 // of driver_calls' kinds), and the buckets of the launches' driver times (powers of two of fast-clock ticks).
 inline constexpr std::size_t k_engine_states = driver_calls::k_kinds + 1;
+// An engine state's name in reports and statistics keys: "none", else its driver call's kind (driver_calls).
+inline const char* engine_state_name(std::size_t state) noexcept {
+  return state == 0 || state >= k_engine_states ? "none" : driver_calls::k_names[state - 1];
+}
 inline constexpr std::size_t k_launch_hist = 16;
 inline constexpr unsigned k_launch_hist_shift = 10;  // bucket 0: below 2^10 ticks (~0.3-0.5 us); then doubling
 

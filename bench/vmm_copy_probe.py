@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Does the GPU's other work make a host remap dearer? In isolation `bench/vmm_host_probe.py` finds 8-13 us per MiB to
+grant the GPU access to host memory; inside the training step the migration thread's set-access calls average ~19 us
+per MiB remapped at LoRA's 25% and 34-42 at full fine-tuning's (`bench/results/swap.json`, session 35), where copies
+run both ways beside them. This probe times one eviction's and one prefetch's VMM calls (map, set access, unmap of a
+--mib range of host memory, then of device memory) while the GPU does one kind of work at a time, enqueued on streams of
+its own before the timing starts and checked to be still running when it ends:
+
+  none     nothing
+  h2d      pinned host -> device copies of --copy-mib (the engine's prefetches)
+  d2h      device -> pinned host copies (its write-backs)
+  both     the two at once, on two streams
+  gemm     bf16 products (the SMs and HBM busy, the link idle)
+  tiny     back-to-back one-element kernels (the GPU's front end busy)
+
+The loads rotate in rounds (--rounds), so the machine's drift falls on all alike; each row is the median over every
+round's reps. Prints a table and writes JSON to --out."""
+import argparse
+import ctypes
+import json
+import statistics
+import time
+
+import torch
+
+from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOCATION_TYPE_PINNED, \
+    CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST, Access, Loc, Prop, ck, open_driver, reserve_va, \
+    timed_map_access_unmap
+
+MIB = 1 << 20
+LOADS = ("none", "h2d", "d2h", "both", "gemm", "tiny")
+
+
+def create(cu, dev, loc_type, size):
+    prop = Prop()
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location = Loc(loc_type, dev if loc_type == CU_MEM_LOCATION_TYPE_DEVICE else 0)
+    handle = ctypes.c_ulonglong()
+    ck(cu.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(prop), ctypes.c_ulonglong(0)),
+       "cuMemCreate")
+    return handle
+
+
+class Load:
+    """One kind of GPU work, enqueued far enough ahead to outlast a round's timing."""
+
+    def __init__(self, copy_mib):
+        n = copy_mib * MIB
+        self.host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        self.dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+        self.host2 = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        self.dev2 = torch.empty(n, dtype=torch.uint8, device="cuda")
+        self.a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        self.b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        self.one = torch.zeros(1, device="cuda")
+        self.s1 = torch.cuda.Stream()
+        self.s2 = torch.cuda.Stream()
+        self.copy_bytes = n
+        # 1,000 one-element kernels in a graph: one launch keeps the front end busy ~1-2 ms, so the queue outlasts
+        # the timing (launched one by one from Python, the GPU would drain them as fast as they come).
+        self.tiny = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(self.s1):
+            self.one.add_(1)
+            torch.cuda.synchronize()
+            with torch.cuda.graph(self.tiny, stream=self.s1):
+                for _ in range(1000):
+                    self.one.add_(1)
+
+    def start(self, kind, seconds):
+        """Enqueues about `seconds` of `kind`; returns the events that end it and the bytes it copies."""
+        ends, copied = [], 0
+        if kind in ("h2d", "both"):
+            reps = max(1, int(seconds * 50e9 / self.copy_bytes))
+            with torch.cuda.stream(self.s1):
+                for _ in range(reps):
+                    self.dev.copy_(self.host, non_blocking=True)
+                ends.append(torch.cuda.Event())
+                ends[-1].record()
+            copied += reps * self.copy_bytes
+        if kind in ("d2h", "both"):
+            reps = max(1, int(seconds * 50e9 / self.copy_bytes))
+            with torch.cuda.stream(self.s2):
+                for _ in range(reps):
+                    self.host2.copy_(self.dev2, non_blocking=True)
+                ends.append(torch.cuda.Event())
+                ends[-1].record()
+            copied += reps * self.copy_bytes
+        if kind == "gemm":
+            reps = max(1, int(seconds / 0.25e-3))  # ~0.2-0.3 ms a 4096^3 bf16 product on an H100
+            with torch.cuda.stream(self.s1):
+                for _ in range(reps):
+                    torch.mm(self.a, self.b)
+                ends.append(torch.cuda.Event())
+                ends[-1].record()
+        if kind == "tiny":
+            reps = max(1, int(seconds / 1e-3))
+            with torch.cuda.stream(self.s1):
+                for _ in range(reps):
+                    self.tiny.replay()
+                ends.append(torch.cuda.Event())
+                ends[-1].record()
+        return ends, copied
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", type=int, default=32, help="the remapped range, MiB (default 32: a layer's weight)")
+    ap.add_argument("--copy-mib", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=16, help="remaps of each kind per round")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--seconds", type=float, default=0.25, help="work enqueued per load per round")
+    ap.add_argument("--out", default="vmm_copy_probe.json")
+    a = ap.parse_args()
+    cu, dev = open_driver()
+    size = a.mib * MIB
+    handles = {"host": create(cu, dev, CU_MEM_LOCATION_TYPE_HOST, size),
+               "device": create(cu, dev, CU_MEM_LOCATION_TYPE_DEVICE, size)}
+    va = reserve_va(cu, size, 2 * MIB)
+    acc = Access(Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev), CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+    load = Load(a.copy_mib)
+    torch.cuda.synchronize()
+    samples = {(k, m): [] for k in LOADS for m in handles}
+    covered = {k: [] for k in LOADS}
+    rates = {k: [] for k in LOADS}
+    for r in range(a.rounds):
+        order = LOADS[r % len(LOADS):] + LOADS[:r % len(LOADS)]
+        for kind in order:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            ends, copied = load.start(kind, a.seconds)
+            time.sleep(0.01)  # let the work start
+            for _ in range(a.reps):
+                for mem, h in handles.items():
+                    samples[(kind, mem)].append(timed_map_access_unmap(cu, va, size, h, acc))
+            covered[kind].append(all(not e.query() for e in ends))
+            torch.cuda.synchronize()
+            if copied:
+                rates[kind].append(copied / (time.perf_counter() - t0) / 1e9)
+    rows = []
+    for kind in LOADS:
+        for mem in handles:
+            t = samples[(kind, mem)]
+            row = {"load": kind, "memory": mem, "mib": a.mib,
+                   "map_us_per_mib": round(statistics.median(x[0] for x in t) * 1e3 / a.mib, 2),
+                   "access_us_per_mib": round(statistics.median(x[1] for x in t) * 1e3 / a.mib, 2),
+                   "unmap_us_per_mib": round(statistics.median(x[2] for x in t) * 1e3 / a.mib, 2),
+                   "access_p90_us_per_mib": round(sorted(x[1] for x in t)[int(0.9 * (len(t) - 1))] * 1e3 / a.mib, 2),
+                   "samples": len(t),
+                   "load_outlasted_timing": f"{sum(covered[kind])}/{len(covered[kind])}",
+                   "copy_gbps": round(statistics.median(rates[kind]), 1) if rates[kind] else None}
+            rows.append(row)
+            print(json.dumps(row))
+    base = {r["memory"]: r for r in rows if r["load"] == "none"}
+    print(f"\n{'load':6} {'memory':6} {'map':>6} {'access':>7} {'unmap':>6} {'vs none (access+unmap)':>24} {'outlasted':>9}")
+    for r in rows:
+        b = base[r["memory"]]
+        ratio = (r["access_us_per_mib"] + r["unmap_us_per_mib"]) / max(1e-9, b["access_us_per_mib"] + b["unmap_us_per_mib"])
+        print(f"{r['load']:6} {r['memory']:6} {r['map_us_per_mib']:6.2f} {r['access_us_per_mib']:7.2f} "
+              f"{r['unmap_us_per_mib']:6.2f} {ratio:23.2f}x {r['load_outlasted_timing']:>9}")
+    with open(a.out, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(a), "rows": rows},
+                  f, indent=1)
+    cu.cuMemAddressFree(va, ctypes.c_size_t(size))
+    for h in handles.values():
+        cu.cuMemRelease(h)
+
+
+if __name__ == "__main__":
+    main()

@@ -11,10 +11,19 @@ its own before the timing starts and checked to be still running when it ends:
   d2h      device -> pinned host copies (its write-backs)
   both     the two at once, on two streams
   gemm     bf16 products (the SMs and HBM busy, the link idle)
-  tiny     back-to-back one-element kernels (the GPU's front end busy)
+  tiny     a graph of 1,000 one-element kernels replayed back to back (the GPU's front end busy)
+  d2h_blocked   the d2h copies enqueued behind a stream wait that holds them for the whole timing (queued, not
+                running)
+  d2d      device -> device copies (the copy engines busy, no host memory written)
+  d2h_sm   a kernel writing device data into pinned host memory (host memory written over the link by the SMs, not by
+           a copy engine)
 
 The loads rotate in rounds (--rounds), so the machine's drift falls on all alike; each row is the median over every
-round's reps. Prints a table and writes JSON to --out."""
+round's reps, and says in how many rounds the load outlasted the timing. Prints a table and writes JSON to --out.
+
+On an H100 (session 36: bench/results/vmm_copy_probe_s36_h100.json, docs/history.md) a set-access made while something
+writes host memory took 0.6-0.9 ms longer, whatever it mapped (device memory: 0.7 -> 29 us per MiB at 32 MiB); copies
+queued but not running cost nothing; host -> device and device -> device copies made host remaps 1.5-1.9x dearer."""
 import argparse
 import ctypes
 import json
@@ -28,7 +37,7 @@ from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOCATION
     timed_map_access_unmap
 
 MIB = 1 << 20
-LOADS = ("none", "h2d", "d2h", "both", "gemm", "tiny")
+LOADS = ("none", "h2d", "d2h", "both", "gemm", "tiny", "d2h_blocked", "d2d", "d2h_sm")
 
 
 def create(cu, dev, loc_type, size):
@@ -56,6 +65,19 @@ class Load:
         self.s1 = torch.cuda.Stream()
         self.s2 = torch.cuda.Stream()
         self.copy_bytes = n
+        self.s3 = torch.cuda.Stream()
+        self.dev3 = torch.empty(n, dtype=torch.uint8, device="cuda")
+        # The pinned buffer seen as a CUDA tensor (zero-copy, through its device pointer), for a kernel to write.
+        host_ptr = self.host2.data_ptr()
+
+        class HostView:
+            __cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (host_ptr, False), "version": 3}
+
+        try:
+            self.host_view = torch.as_tensor(HostView(), device="cuda")
+        except Exception as e:  # noqa: BLE001 - a torch that refuses a host pointer: the row is left out
+            print(f"d2h_sm: torch would not view pinned host memory as a CUDA tensor ({e}); that load is skipped")
+            self.host_view = None
         # 1,000 one-element kernels in a graph: one launch keeps the front end busy ~1-2 ms, so the queue outlasts
         # the timing (launched one by one from Python, the GPU would drain them as fast as they come).
         self.tiny = torch.cuda.CUDAGraph()
@@ -82,6 +104,35 @@ class Load:
             with torch.cuda.stream(self.s2):
                 for _ in range(reps):
                     self.host2.copy_(self.dev2, non_blocking=True)
+                ends.append(torch.cuda.Event())
+                ends[-1].record()
+            copied += reps * self.copy_bytes
+        if kind == "d2h_blocked":
+            reps = max(1, int(seconds * 50e9 / self.copy_bytes))
+            with torch.cuda.stream(self.s3):
+                torch.cuda._sleep(int(seconds * 2.0e9))  # ~1.98 GHz: the sleep outlasts the timing
+                gate = torch.cuda.Event()
+                gate.record()
+            self.s2.wait_event(gate)
+            with torch.cuda.stream(self.s2):
+                for _ in range(reps):
+                    self.host2.copy_(self.dev2, non_blocking=True)
+                ends.append(torch.cuda.Event())
+                ends[-1].record()
+            copied += reps * self.copy_bytes
+        if kind == "d2d":
+            reps = max(1, int(seconds * 1000e9 / self.copy_bytes))
+            with torch.cuda.stream(self.s1):
+                for _ in range(reps):
+                    self.dev3.copy_(self.dev2, non_blocking=True)
+                ends.append(torch.cuda.Event())
+                ends[-1].record()
+            copied += reps * self.copy_bytes
+        if kind == "d2h_sm" and self.host_view is not None:
+            reps = max(1, int(seconds * 40e9 / self.copy_bytes))
+            with torch.cuda.stream(self.s1):
+                for _ in range(reps):
+                    torch.add(self.dev2, 0, out=self.host_view)
                 ends.append(torch.cuda.Event())
                 ends[-1].record()
             copied += reps * self.copy_bytes
@@ -132,7 +183,7 @@ def main():
             for _ in range(a.reps):
                 for mem, h in handles.items():
                     samples[(kind, mem)].append(timed_map_access_unmap(cu, va, size, h, acc))
-            covered[kind].append(all(not e.query() for e in ends))
+            covered[kind].append(kind == "none" or (bool(ends) and all(not e.query() for e in ends)))
             torch.cuda.synchronize()
             if copied:
                 rates[kind].append(copied / (time.perf_counter() - t0) / 1e9)

@@ -88,69 +88,45 @@ class Load:
                 for _ in range(1000):
                     self.one.add_(1)
 
+    @staticmethod
+    def enqueue(stream, reps, work):
+        """`work` `reps` times on `stream`, then an event: the end of this load."""
+        with torch.cuda.stream(stream):
+            for _ in range(reps):
+                work()
+            end = torch.cuda.Event()
+            end.record()
+        return end
+
     def start(self, kind, seconds):
-        """Enqueues about `seconds` of `kind`; returns the events that end it and the bytes it copies."""
-        ends, copied = [], 0
-        if kind in ("h2d", "both"):
-            reps = max(1, int(seconds * 50e9 / self.copy_bytes))
-            with torch.cuda.stream(self.s1):
-                for _ in range(reps):
-                    self.dev.copy_(self.host, non_blocking=True)
-                ends.append(torch.cuda.Event())
-                ends[-1].record()
-            copied += reps * self.copy_bytes
-        if kind in ("d2h", "both"):
-            reps = max(1, int(seconds * 50e9 / self.copy_bytes))
-            with torch.cuda.stream(self.s2):
-                for _ in range(reps):
-                    self.host2.copy_(self.dev2, non_blocking=True)
-                ends.append(torch.cuda.Event())
-                ends[-1].record()
-            copied += reps * self.copy_bytes
-        if kind == "d2h_blocked":
-            reps = max(1, int(seconds * 50e9 / self.copy_bytes))
+        """Enqueues about `seconds` of `kind`; returns the events that end it and the bytes it moves."""
+        def moving(rate):  # the copies (or writes) that take `seconds` at `rate` bytes a second
+            return max(1, int(seconds * rate / self.copy_bytes))
+
+        h2d = (self.s1, moving(50e9), lambda: self.dev.copy_(self.host, non_blocking=True))
+        d2h = (self.s2, moving(50e9), lambda: self.host2.copy_(self.dev2, non_blocking=True))
+        plans = {
+            "none": [],
+            "h2d": [h2d],
+            "d2h": [d2h],
+            "both": [h2d, d2h],
+            "d2h_blocked": [d2h],
+            "d2d": [(self.s1, moving(1000e9), lambda: self.dev3.copy_(self.dev2, non_blocking=True))],
+            "d2h_sm": [] if self.host_view is None else
+                      [(self.s1, moving(40e9), lambda: torch.add(self.dev2, 0, out=self.host_view))],
+            # ~0.2-0.3 ms a 4096^3 bf16 product on an H100; ~1-2 ms a replay of the tiny graph
+            "gemm": [(self.s1, max(1, int(seconds / 0.25e-3)), lambda: torch.mm(self.a, self.b))],
+            "tiny": [(self.s1, max(1, int(seconds / 1e-3)), self.tiny.replay)],
+        }
+        if kind == "d2h_blocked":  # the copies' stream waits behind a sleep that outlasts the timing (~1.98 GHz)
             with torch.cuda.stream(self.s3):
-                torch.cuda._sleep(int(seconds * 2.0e9))  # ~1.98 GHz: the sleep outlasts the timing
+                torch.cuda._sleep(int(seconds * 2.0e9))
                 gate = torch.cuda.Event()
                 gate.record()
             self.s2.wait_event(gate)
-            with torch.cuda.stream(self.s2):
-                for _ in range(reps):
-                    self.host2.copy_(self.dev2, non_blocking=True)
-                ends.append(torch.cuda.Event())
-                ends[-1].record()
-            copied += reps * self.copy_bytes
-        if kind == "d2d":
-            reps = max(1, int(seconds * 1000e9 / self.copy_bytes))
-            with torch.cuda.stream(self.s1):
-                for _ in range(reps):
-                    self.dev3.copy_(self.dev2, non_blocking=True)
-                ends.append(torch.cuda.Event())
-                ends[-1].record()
-            copied += reps * self.copy_bytes
-        if kind == "d2h_sm" and self.host_view is not None:
-            reps = max(1, int(seconds * 40e9 / self.copy_bytes))
-            with torch.cuda.stream(self.s1):
-                for _ in range(reps):
-                    torch.add(self.dev2, 0, out=self.host_view)
-                ends.append(torch.cuda.Event())
-                ends[-1].record()
-            copied += reps * self.copy_bytes
-        if kind == "gemm":
-            reps = max(1, int(seconds / 0.25e-3))  # ~0.2-0.3 ms a 4096^3 bf16 product on an H100
-            with torch.cuda.stream(self.s1):
-                for _ in range(reps):
-                    torch.mm(self.a, self.b)
-                ends.append(torch.cuda.Event())
-                ends[-1].record()
-        if kind == "tiny":
-            reps = max(1, int(seconds / 1e-3))
-            with torch.cuda.stream(self.s1):
-                for _ in range(reps):
-                    self.tiny.replay()
-                ends.append(torch.cuda.Event())
-                ends[-1].record()
-        return ends, copied
+        ends = [self.enqueue(*plan) for plan in plans[kind]]
+        moved = 0 if kind in ("gemm", "tiny") else sum(reps * self.copy_bytes for _, reps, _ in plans[kind])
+        return ends, moved
 
 
 def main():

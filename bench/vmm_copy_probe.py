@@ -32,22 +32,11 @@ import time
 
 import torch
 
-from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOCATION_TYPE_PINNED, \
-    CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST, Access, Loc, Prop, ck, open_driver, reserve_va, \
-    timed_map_access_unmap
+from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_LOCATION_TYPE_DEVICE, \
+    CU_MEM_LOCATION_TYPE_HOST, Access, Loc, create_pinned, open_driver, reserve_va, timed_map_access_unmap
 
 MIB = 1 << 20
 LOADS = ("none", "h2d", "d2h", "both", "gemm", "tiny", "d2h_blocked", "d2d", "d2h_sm")
-
-
-def create(cu, dev, loc_type, size):
-    prop = Prop()
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location = Loc(loc_type, dev if loc_type == CU_MEM_LOCATION_TYPE_DEVICE else 0)
-    handle = ctypes.c_ulonglong()
-    ck(cu.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(prop), ctypes.c_ulonglong(0)),
-       "cuMemCreate")
-    return handle
 
 
 class Load:
@@ -140,8 +129,8 @@ def main():
     a = ap.parse_args()
     cu, dev = open_driver()
     size = a.mib * MIB
-    handles = {"host": create(cu, dev, CU_MEM_LOCATION_TYPE_HOST, size),
-               "device": create(cu, dev, CU_MEM_LOCATION_TYPE_DEVICE, size)}
+    handles = {"host": create_pinned(cu, dev, CU_MEM_LOCATION_TYPE_HOST, size),
+               "device": create_pinned(cu, dev, CU_MEM_LOCATION_TYPE_DEVICE, size)}
     va = reserve_va(cu, size, 2 * MIB)
     acc = Access(Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev), CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
     load = Load(a.copy_mib)
@@ -167,11 +156,15 @@ def main():
     for kind in LOADS:
         for mem in handles:
             t = samples[(kind, mem)]
+
+            def per_mib(ms):  # a time of the whole range, ms -> us per MiB
+                return round(ms * 1e3 / a.mib, 2)
+
             row = {"load": kind, "memory": mem, "mib": a.mib,
-                   "map_us_per_mib": round(statistics.median(x[0] for x in t) * 1e3 / a.mib, 2),
-                   "access_us_per_mib": round(statistics.median(x[1] for x in t) * 1e3 / a.mib, 2),
-                   "unmap_us_per_mib": round(statistics.median(x[2] for x in t) * 1e3 / a.mib, 2),
-                   "access_p90_us_per_mib": round(sorted(x[1] for x in t)[int(0.9 * (len(t) - 1))] * 1e3 / a.mib, 2),
+                   "map_us_per_mib": per_mib(statistics.median(x[0] for x in t)),
+                   "access_us_per_mib": per_mib(statistics.median(x[1] for x in t)),
+                   "unmap_us_per_mib": per_mib(statistics.median(x[2] for x in t)),
+                   "access_p90_us_per_mib": per_mib(sorted(x[1] for x in t)[int(0.9 * (len(t) - 1))]),
                    "samples": len(t),
                    "load_outlasted_timing": f"{sum(covered[kind])}/{len(covered[kind])}",
                    "copy_gbps": round(statistics.median(rates[kind]), 1) if rates[kind] else None}

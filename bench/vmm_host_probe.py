@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOCATION_TYPE_PINNED, \
-    CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST, Access, Loc, Prop, ck, open_driver, reserve_va, \
-    size_probe_args, timed_map_access_unmap
+from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_LOCATION_TYPE_DEVICE, \
+    CU_MEM_LOCATION_TYPE_HOST, Access, Loc, create_pinned, open_driver, reserve_va, size_probe_args, \
+    timed_map_access_unmap
 
 CU_MEM_LOCATION_TYPE_HOST_NUMA = 3
 CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 4
@@ -36,13 +36,8 @@ def read_text(path):
 def time_one(cu, dev, loc_type, mib, reps, flags):
     """Create one allocation of `mib` MiB at `loc_type`, map / set access / unmap it `reps` times: us per MiB."""
     size = mib * MIB
-    prop = Prop()
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location = Loc(loc_type, dev if loc_type == CU_MEM_LOCATION_TYPE_DEVICE else 0)
-    handle = ctypes.c_ulonglong()
     t0 = time.perf_counter()
-    ck(cu.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(prop), ctypes.c_ulonglong(0)),
-       "cuMemCreate")
+    handle = create_pinned(cu, dev, loc_type, size)
     create_ms = (time.perf_counter() - t0) * 1e3
     va = reserve_va(cu, size, 2 * MIB)
     acc = Access(Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev), flags)

@@ -52,6 +52,17 @@ def size_probe_args(mib, reps, out, mib_help):
     return ap.parse_args()
 
 
+def create_pinned(cu, dev, loc_type, size):
+    """One pinned physical allocation of `size` bytes on device `dev` or on the host (`loc_type`), as a c_ulonglong."""
+    prop = Prop()
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location = Loc(loc_type, dev if loc_type == CU_MEM_LOCATION_TYPE_DEVICE else 0)
+    handle = ctypes.c_ulonglong()
+    ck(cu.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(prop), ctypes.c_ulonglong(0)),
+       "cuMemCreate")
+    return handle
+
+
 def open_driver():
     """torch's CUDA context made current; libcuda and the device index, for a probe's driver calls."""
     torch.zeros(1, device="cuda")

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -60,6 +61,12 @@ class fixed_forecast final : public forecast_source {
     return f;
   }();
 };
+
+// The first access the simulated device found wrong, for a failure message ("" when there is none).
+std::string first_violation(const sim_driver& sim) {
+  const std::vector<std::string> found = sim.violations();
+  return found.empty() ? std::string() : found.front();
+}
 
 // Whether every byte of [p, p + bytes) reads `v` through its VA (host_read is checked like a kernel access).
 bool sim_holds(sim_driver& sim, void* p, std::size_t bytes, std::uint8_t v) {
@@ -247,7 +254,7 @@ struct harness {
   }
   static region_id id_of(void* p) { return region_map::lookup(reinterpret_cast<device_ptr>(p)); }
   void expect_clean() {
-    EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+    EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
     EXPECT_NO_THROW(alloc.verify());
   }
 
@@ -605,7 +612,7 @@ TEST(Residency, PrefetchWhoseCopyFailsToStartIsUndone) {
   EXPECT_TRUE(sim_holds(sim, a, 4 * MiB, 0x5a));
   EXPECT_NO_THROW(alloc.verify());
   alloc.deallocate(a);
-  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
 }
 
 // Note [Remaps outside the lock]: an eviction the policy starts is enqueued by tick() without the mutex; when its
@@ -645,7 +652,7 @@ TEST(Residency, PolicyEvictionWhoseCopyFailsToStartIsUndone) {
   EXPECT_NO_THROW(alloc.verify());
   for (void* p : w) alloc.deallocate(p);
   alloc.deallocate(act);
-  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
 }
 
 // Note [Write-back]: a digest that never writes its result (a launch that failed) must read as dirty: the words
@@ -667,7 +674,7 @@ TEST(Residency, CheckWhoseDigestNeverRanCopies) {
   }
   EXPECT_EQ(alloc.residency().writeback_skipped, 0);
   alloc.deallocate(a);
-  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
 }
 
 // Note [Batched checks]: the scene of the tests below. `n` weights of 4 MiB on the device, weight i holding i + 1,
@@ -783,7 +790,7 @@ void expect_scene_evicted_whole(caching_allocator& alloc, sim_driver& sim, const
   EXPECT_NO_THROW(alloc.verify());
   for (void* p : scene.w) alloc.deallocate(p);
   for (void* p : scene.x) alloc.deallocate(p);
-  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
 }
 
 // Note [Batched checks]: when the batch's digest launch fails, every eviction of the batch copies instead, as a single
@@ -868,7 +875,7 @@ TEST(Residency, ALargeSegmentIsOneMapping) {
     EXPECT_TRUE(sim_holds(sim, a, 8 * MiB, 0x42));
     alloc.deallocate(a);
     EXPECT_NO_THROW(alloc.verify());
-    EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+    EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
   }
 }
 
@@ -915,7 +922,7 @@ TEST(Residency, OversizeReuseTakesALargerIdleSegmentUnderPressure) {
     EXPECT_EQ(alloc.stats().num_oversize_reuses, reuses);
     alloc.deallocate(c);
     EXPECT_NO_THROW(alloc.verify());
-    EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+    EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
   }
 }
 
@@ -1003,7 +1010,7 @@ TEST(Residency, LaunchWaitsInEnterDuringARemap) {
   EXPECT_TRUE(entered.load());
   EXPECT_EQ(alloc.residency_of(a), region_residency::host);
   EXPECT_EQ(sim.byte_at(reinterpret_cast<device_ptr>(a)), 0x44);  // written through the new host mapping
-  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
   alloc.verify();
 }
 
@@ -1049,7 +1056,7 @@ TEST(Residency, AllocatorIsFreeDuringARemap) {
   EXPECT_TRUE(freed.load());
   for (int i = 0; i < 4; ++i) alloc.residency_tick();  // the freed, host-backed region is retired
   EXPECT_EQ(alloc.residency().evictions, 1);
-  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
   alloc.verify();
 }
 
@@ -1455,7 +1462,7 @@ TEST(Residency, APolicyPrefetchReleasesSparesWithoutTheMutex) {
   EXPECT_NO_THROW(alloc.verify());
   alloc.set_forecast_source(nullptr);
   for (void* p : {x, w, a, c}) alloc.deallocate(p);
-  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
 }
 
 // ... and when that release fails, the prefetch is undone: the region stays on the host, whole, and the spare's pages
@@ -1491,7 +1498,7 @@ TEST(Residency, APrefetchWhoseSpareFailsToReleaseIsUndone) {
   alloc.set_forecast_source(nullptr);
   for (void* p : held) alloc.deallocate(p);
   EXPECT_NO_THROW(alloc.verify());
-  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
 }
 
 // Note [Cache reserve]: an allocation that finds no cached segment of its size and destroys another's grows the
@@ -1832,7 +1839,7 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
       check_contents();
     }
     if (mode == forecast_mode::wrong && pick(10) == 0) refresh_forecast();
-    ASSERT_TRUE(h.sim.violations().empty()) << "step " << step << ": " << h.sim.violations().front();
+    ASSERT_TRUE(h.sim.violations().empty()) << "step " << step << ": " << first_violation(h.sim);
     ASSERT_NO_THROW(h.alloc.verify()) << "step " << step;
     ASSERT_LE(h.sim.live_device_bytes(), budget) << "step " << step;
     if (::testing::Test::HasFatalFailure()) return;
@@ -2231,7 +2238,7 @@ TEST(Residency, AWaitedPrefetchRemapsFirstInItsBatch) {
     EXPECT_TRUE(sim_holds(sim, p[i], 2 * MiB, static_cast<std::uint8_t>(0x30 + i)));
   }
   EXPECT_EQ(alloc.residency().late_prefetches, 1);
-  EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+  EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
   alloc.verify();
   for (void* q : p) alloc.deallocate(q);
 }
@@ -2409,7 +2416,7 @@ TEST(Residency, ARequestReclaimsTheSmallestIdleSegmentThatCoversIt) {
     alloc.deallocate(again);
     alloc.deallocate(fill);
     EXPECT_NO_THROW(alloc.verify());
-    EXPECT_TRUE(sim.violations().empty()) << (sim.violations().empty() ? "" : sim.violations().front());
+    EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
   }
 }
 

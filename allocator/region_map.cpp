@@ -112,13 +112,6 @@ region_id lookup(std::uint64_t address) noexcept {
   return 0;
 }
 
-void prefetch() noexcept {
-  table& t = the_table();
-  __builtin_prefetch(&t.used, 0, 3);
-  __builtin_prefetch(&t.slots[0].base, 0, 3);
-  __builtin_prefetch(&t.slots[0].ids, 0, 3);
-}
-
 std::uint64_t arenas_refused() noexcept { return the_table().refused.load(std::memory_order_relaxed); }
 
 }  // namespace layerswap::region_map

@@ -42,9 +42,6 @@ void publish(int slot, std::size_t first, std::size_t count, region_id id) noexc
 // The region holding `address`, or 0. Lock-free; a handful of loads.
 [[nodiscard]] region_id lookup(std::uint64_t address) noexcept;
 
-// Asks the CPU to fetch the lines a lookup reads first (the bounds and the first arenas): a hint, no load.
-void prefetch() noexcept;
-
 // Arenas that could not be registered because the table was full.
 [[nodiscard]] std::uint64_t arenas_refused() noexcept;
 

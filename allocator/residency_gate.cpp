@@ -148,20 +148,6 @@ bool enter(region_id id) noexcept {
   return e->on_host.load(std::memory_order_relaxed) != 0;
 }
 
-void prefetch_globals() noexcept {
-  __builtin_prefetch(&g_fed, 0, 3);                         // g_fed, g_counting, the first internal streams
-  __builtin_prefetch(&g_internal[k_max_internal_streams - 1], 0, 3);
-  __builtin_prefetch(&g_counted, 1, 3);                     // count_launch writes it
-  __builtin_prefetch(&g_chunks[0], 0, 3);                   // find() of the first 4096 region ids
-}
-
-void prefetch_entry(region_id id) noexcept {
-  const std::size_t c = id >> k_chunk_shift;
-  if (id == 0 || id == k_unknown_region || c >= k_max_chunks) return;
-  chunk* ch = g_chunks[c].load(std::memory_order_relaxed);
-  if (ch != nullptr) __builtin_prefetch(&ch->entries[id & (k_chunk - 1)], 1, 3);
-}
-
 void exit(region_id id, std::uint64_t launch_no) noexcept {
   entry* e = find(id);
   if (!e) return;

@@ -89,11 +89,6 @@ void prepare(region_id id);
 // for a prefetch]), counts the launch as issuing, waits while `id` is being remapped. Returns whether `id` is
 // backed by host pages then (the hit rate).
 bool enter(region_id id) noexcept;
-// Asks the CPU to fetch the lines of this file's globals that every launch reads or writes (Note [Prefetching the
-// launch path], profiler/launch_recorder.hpp). A hint: no load, no effect on the counters.
-void prefetch_globals() noexcept;
-// The same for the entry of `id` (the line enter() and exit() write).
-void prefetch_entry(region_id id) noexcept;
 // The launch that entered `id` is enqueued: bumps the region's use sequence, stamps its last use.
 void exit(region_id id, std::uint64_t launch_no) noexcept;
 // enter() for a tracker that can hold launches on the GPU (Note [Holding a launch on the GPU]): when the region's

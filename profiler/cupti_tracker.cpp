@@ -512,7 +512,6 @@ void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId c
       end_api_timing(*core, t);
       return;
     }
-    prefetch_launch_path(*core, t);  // Note [Prefetching the launch path] (launch_recorder.hpp)
     t.nesting.runtime_enter();
     t.gate.open();
     on_runtime(*core, t, cbid, info);
@@ -528,7 +527,6 @@ void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId c
       end_api_timing(*core, t);
       return;
     }
-    prefetch_launch_path(*core, t);
     t.gate.open();
     on_driver(*core, t, cbid, info);
     if (t.gate.hold_count() != 0) enqueue_holds(t);

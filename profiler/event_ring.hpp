@@ -54,13 +54,6 @@ class event_ring {
     return try_emplace([&](T& slot) { slot = value; });
   }
 
-  // Asks the CPU to fetch, for writing, the tail and the cell the next claim will most likely take: a hint (one
-  // relaxed load of the tail; nothing is claimed). tracker_core::prefetch_record().
-  void prefetch_claim() const noexcept {
-    __builtin_prefetch(&tail_, 1, 3);
-    __builtin_prefetch(&cells_[tail_.load(std::memory_order_relaxed) & mask_], 1, 3);
-  }
-
   // The one consumer (or whoever holds its lock): whether no record was claimed since it last popped. A seq_cst
   // load of the tail, whose claims are compare-exchanges (tracker_core.hpp, Note [Idle consumer]).
   [[nodiscard]] bool nothing_claimed() const noexcept { return tail_.load(std::memory_order_seq_cst) == head_; }

@@ -101,13 +101,6 @@ class launch_gate {
     while (depth_ > 0) close();
   }
 
-  // Asks the CPU to fetch the lines the next open() and push() write: a hint.
-  void prefetch() const noexcept {
-    __builtin_prefetch(&count_, 1, 3);
-    if (depth_ < k_max_depth) __builtin_prefetch(&frames_[depth_], 1, 3);
-    if (count_ < k_capacity) __builtin_prefetch(&ids_[count_], 1, 3);
-  }
-
   // Whether a region entered since the newest open() was backed by host pages when it was entered.
   [[nodiscard]] bool touched_host() const noexcept { return on_host_; }
   [[nodiscard]] int depth() const noexcept { return depth_ + excess_depth_; }

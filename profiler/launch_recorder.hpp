@@ -15,17 +15,6 @@
 //   this_thread_scratch() hides the address behind an empty asm, so the compiler keeps the pointer it got: one call
 //   site (objdump -dr of cupti_tracker.cpp.o counts them), and 3 KB less code. On an H100 the cost per launch and
 //   the LoRA step did not change beyond the noise (docs/history.md, session 35).
-//
-// Note [Prefetching the launch path]
-//   Between two launches, Python and PyTorch's dispatcher run through far more memory than the core's own caches
-//   hold, so the callback finds most of its ~25 cache lines gone (the scratch, the tracker's counters and ring, the
-//   gate's and the region map's globals, the layout cache). The loads alone could overlap, but x86's locked
-//   instructions (the launch counter, the ring's claim, the gate's counters) each wait for every access before
-//   them: the misses come one after another, ~2.9 us a launch on the simulated device with 32 MiB walked between
-//   launches against 0.06 us hot (tests/perf/tracker_hotpath_bench.cpp). prefetch_launch_path() asks for the
-//   lines whose addresses are known at the entry callback's start, all at once, and record_kernel asks for the
-//   layout cache's entry and the regions' gate entries before it takes them. Prefetches are hints: they read
-//   nothing the code relies on and change no counter.
 #pragma once
 
 #include <cstdint>
@@ -96,20 +85,10 @@ inline thread_scratch& this_thread_scratch() noexcept {
   return *scratch;
 }
 
-// Note [Prefetching the launch path]: at the top of a launch's API-enter callback.
-inline void prefetch_launch_path(const tracker_core& core, const thread_scratch& t) noexcept {
-  core.prefetch_record();
-  residency_gate::prefetch_globals();
-  region_map::prefetch();
-  __builtin_prefetch(&t.regions, 1, 3);
-  t.gate.prefetch();
-}
-
 // A kernel launch with either kernelParams (+ the layout `query` answers) or an `extra` buffer. The gate frame
 // must be open (t.gate.open()).
 inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn query, std::uint64_t function,
                           const char* name, std::uint64_t stream, void* const* args, void* const* extra) noexcept {
-  core.layouts().prefetch(function);  // Note [Prefetching the launch path]
   t.api_start = fast_clock::ticks();  // the launch call's time runs from here to its exit callback (tracker_stats::launch_api_ns)
   if (stream != 0 && residency_gate::internal_stream(stream)) return;  // the residency engine's digest kernel
   region_set& regions = t.regions;
@@ -130,7 +109,6 @@ inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn 
     reason = undecoded_reason::no_args;
   }
   if (regions.count > 0) reason = undecoded_reason::none;
-  for (int i = 0; i < regions.count; ++i) residency_gate::prefetch_entry(regions.ids[i]);
   t.gate.add_all(regions);
   // Arguments not read: the launch may touch any region (residency_gate.hpp, Note [Unknown launches]).
   if (reason != undecoded_reason::none) t.gate.add(residency_gate::k_unknown_region);

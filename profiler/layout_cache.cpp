@@ -66,10 +66,6 @@ layout_cache::layout_cache(std::size_t entries, std::size_t param_pool, std::siz
 
 layout_cache::~layout_cache() { delete[] entries_; }
 
-void layout_cache::prefetch(std::uint64_t function) const noexcept {
-  __builtin_prefetch(&entries_[hash(function) & mask_], 0, 3);
-}
-
 layout_lookup layout_cache::find_or_add(std::uint64_t function, const char* name, param_query_fn query,
                                         void* context, param_slot* scratch) noexcept {
   layout_lookup out;

@@ -48,9 +48,6 @@ class layout_cache {
   [[nodiscard]] layout_lookup find_or_add(std::uint64_t function, const char* name, param_query_fn query,
                                           void* context, param_slot* scratch) noexcept;
 
-  // Asks the CPU to fetch the line where `function`'s entry most likely is: a hint.
-  void prefetch(std::uint64_t function) const noexcept;
-
   // The name stored for a kernel id ("" while unknown). The view stays valid for the cache's lifetime.
   [[nodiscard]] std::string_view name(std::uint32_t kernel) const noexcept;
 

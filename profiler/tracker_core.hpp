@@ -135,13 +135,6 @@ class tracker_core {
   // Returns the launch number given to the launch (also when its event was dropped).
   std::uint64_t record(launch_kind kind, std::uint64_t stream, std::uint32_t kernel, undecoded_reason reason,
               const region_set& regions) noexcept;
-  // Asks the CPU to fetch the lines record() writes (the launch counter's, the ring's tail and next cell): a hint
-  // (Note [Prefetching the launch path], launch_recorder.hpp).
-  void prefetch_record() const noexcept {
-    __builtin_prefetch(&next_launch_, 1, 3);
-    __builtin_prefetch(&stamp_, 0, 3);
-    ring_.prefetch_claim();
-  }
   void count_nested() noexcept { nested_.fetch_add(1, std::memory_order_relaxed); }
   // Time one kernel launch call took, from its API entry to its exit (the driver's own work and any wait in it),
   // and the part of it after the entry callback returned (`driver_ticks`), in fast-clock ticks

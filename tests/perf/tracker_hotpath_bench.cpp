@@ -22,10 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <utility>
 #include <vector>
-
-#include <sys/mman.h>
 
 #include "allocator/region_map.hpp"
 #include "allocator/residency_gate.hpp"
@@ -64,8 +61,6 @@ enum class domain { runtime, driver };
 enum class site { enter, exit };
 
 // cupti_tracker.cpp's on_callback, minus CUPTI: the same per-callback work for a kernel launch.
-bool g_prefetch = true;  // prefetch_launch_path() at the enter callbacks (the cold rows measure both ways)
-
 __attribute__((noinline)) void callback(domain d, site s) noexcept {
   tracker_core* core = g_core;
   if (core == nullptr) return;
@@ -82,7 +77,6 @@ __attribute__((noinline)) void callback(domain d, site s) noexcept {
       t.nesting.runtime_exit();
       return;
     }
-    if (g_prefetch) prefetch_launch_path(*core, t);
     t.nesting.runtime_enter();
     t.gate.open();
     record_kernel(*core, t, query, 0x5000, "vectorized_elementwise_kernel", 0, g_args.args, nullptr);
@@ -95,7 +89,6 @@ __attribute__((noinline)) void callback(domain d, site s) noexcept {
       t.gate.close();
       return;
     }
-    if (g_prefetch) prefetch_launch_path(*core, t);
     t.gate.open();
     record_kernel(*core, t, query, 0x6000, "vectorized_elementwise_kernel", 0, g_args.args, nullptr);
   }
@@ -113,27 +106,9 @@ void launch_driver() {
   callback(domain::driver, site::exit);
 }
 
-// The buffer walked between launches: 4 KiB pages (the walk also evicts the TLB's entries for the callback's pages,
-// as a dispatcher touching many pages would), or 2 MiB ones where the kernel grants them (madvise; the TLB keeps
-// the callback's pages, so the difference is the page walks' share).
-void* g_mapping = nullptr;
-unsigned char* g_evict = nullptr;
-std::size_t g_evict_bytes = 0;
+std::vector<unsigned char> g_evict;
 __attribute__((noinline)) void evict() {
-  for (std::size_t i = 0; i < g_evict_bytes; i += 64) g_evict[i] = static_cast<unsigned char>(g_evict[i] + 1);
-}
-void set_evict(std::size_t bytes, bool huge) {
-  if (g_mapping != nullptr) munmap(g_mapping, g_evict_bytes + (std::size_t{2} << 20));
-  const std::size_t mapped = bytes + (std::size_t{2} << 20);
-  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) std::abort();
-  auto* aligned = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(p) + (std::size_t{2} << 20) - 1) &
-                                                   ~((std::uintptr_t{2} << 20) - 1));
-  madvise(aligned, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-  std::memset(aligned, 0, bytes);
-  g_evict = aligned;
-  g_evict_bytes = bytes;
-  g_mapping = p;
+  for (std::size_t i = 0; i < g_evict.size(); i += 64) g_evict[i] = static_cast<unsigned char>(g_evict[i] + 1);
 }
 
 double seconds_now() {
@@ -186,31 +161,6 @@ double cold_ns(Fn&& fn, int n) {
   return (median(with) - median(alone)) * 1e9;
 }
 
-// cold_ns() of fn with and without prefetch_launch_path(), the two taking turns launch by launch, so that the
-// machine's drift falls on both alike: {with, without}.
-template <class Fn>
-std::pair<double, double> cold_prefetch_ab_ns(Fn&& fn, int n) {
-  std::vector<double> on, off, alone;
-  for (int i = 0; i < n; ++i) {
-    if (i % 2048 == 0) g_core->consume();
-    for (const bool prefetch : {i % 2 == 0, i % 2 != 0}) {
-      g_prefetch = prefetch;
-      evict();
-      const double t0 = seconds_now();
-      fn();
-      const double t1 = seconds_now();
-      (prefetch ? on : off).push_back(t1 - t0);
-    }
-    evict();
-    const double t2 = seconds_now();
-    const double t3 = seconds_now();
-    alone.push_back(t3 - t2);
-  }
-  g_prefetch = true;
-  const double clock = median(alone);
-  return {(median(on) - clock) * 1e9, (median(off) - clock) * 1e9};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -260,17 +210,11 @@ int main(int argc, char** argv) {
                 for (int i = 0; i < 4; ++i) callback(domain::driver, site::exit);
               }, n));
 
-  struct walk {
-    std::size_t mib;
-    bool huge;
-  };
-  for (const walk w : {walk{1, false}, walk{32, false}, walk{32, true}}) {
-    set_evict(w.mib << 20, w.huge);
-    std::printf("  cold, %2zu MiB walked between launches%s:\n", w.mib, w.huge ? " (2 MiB pages: the TLB is kept)" : "");
-    for (const auto& [label, fn] : {std::pair{"both:   4 callbacks", &launch_both}, std::pair{"driver: 2 callbacks", &launch_driver}}) {
-      const auto [with, without] = cold_prefetch_ab_ns(fn, n_cold);
-      std::printf("  %-44s %8.1f  (without prefetch_launch_path: %.1f)\n", label, with, without);
-    }
+  for (const std::size_t mib : {1, 32}) {
+    g_evict.assign(mib << 20, 0);
+    std::printf("  cold, %2zu MiB walked between launches:\n", mib);
+    std::printf("  %-44s %8.1f\n", "  both:   4 callbacks", cold_ns(launch_both, n_cold));
+    std::printf("  %-44s %8.1f\n", "  driver: 2 callbacks", cold_ns(launch_driver, n_cold));
     std::printf("  %-44s %8.1f\n", "  tracker_core::record alone",
                 cold_ns([&] { sink = sink + core.record(launch_kind::kernel, 0, 1, undecoded_reason::none, one); },
                         n_cold));

@@ -440,23 +440,6 @@ TEST(EventRing, ConcurrentProducersLoseAndReorderNothing) {
   EXPECT_FALSE(ring.try_pop(it));
 }
 
-TEST(EventRing, PrefetchingAClaimClaimsNothing) {
-  event_ring<int> ring(4);
-  ring.prefetch_claim();
-  for (int i = 0; i < 4; ++i) {
-    EXPECT_TRUE(ring.try_push(i));
-    ring.prefetch_claim();
-  }
-  EXPECT_FALSE(ring.try_push(4)) << "a prefetch took or freed a cell";
-  for (int i = 0; i < 4; ++i) {
-    int v = -1;
-    ASSERT_TRUE(ring.try_pop(v));
-    EXPECT_EQ(v, i);
-  }
-  int v = -1;
-  EXPECT_FALSE(ring.try_pop(v));
-}
-
 TEST(EventRing, FullRingRefuses) {
   event_ring<int> ring(4);
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(ring.try_push(i));
@@ -706,46 +689,6 @@ TEST(LaunchRecorder, LaunchesOnTheEngineStreamsAreLeftOut) {
     }
   }
   residency_gate::remove_internal_stream(engine_stream);
-}
-
-// Note [Prefetching the launch path]: the prefetches are hints; a launch recorded after them is numbered, gated
-// and counted exactly as one recorded without them, and prefetching ids with no gate entry (0, unknown, past the
-// table, not prepared) is harmless.
-TEST(LaunchRecorder, PrefetchingTheLaunchPathChangesNothing) {
-  constexpr std::uint64_t base = std::uint64_t{0x7d} << 40;
-  const published_arena arena(base, std::size_t{64} << 20, 21);
-  const region_id id = region_map::next_region_id();
-  arena.publish(0, 2, id);
-  residency_gate::prepare(id);
-  tracker_core core;
-  fake_functions fake;
-  thread_scratch& t = this_thread_scratch();
-  std::uint64_t pointer = base + 4096;
-  void* args[] = {&pointer};
-  for (const region_id odd : {region_id{0}, residency_gate::k_unknown_region, region_id{0x3fffffff}, id + 4096}) {
-    residency_gate::prefetch_entry(odd);
-  }
-  const std::uint64_t before = residency_gate::sequence(id);
-  for (int i = 0; i < 3; ++i) {
-    prefetch_launch_path(core, t);
-    prefetch_launch_path(core, t);  // twice: nothing accumulates
-    t.gate.open();
-    record_kernel(core, t, fake_functions::query, 1, "kernel_with_one_pointer", 0x5000, args, nullptr);
-    EXPECT_EQ(t.gate.entered(), 1);
-    t.gate.close();
-    EXPECT_EQ(t.gate.entered(), 0);
-  }
-  EXPECT_EQ(residency_gate::sequence(id), before + 3);
-  const tracker_stats s = core.stats();
-  EXPECT_EQ(s.launches, 3u);
-  EXPECT_EQ(s.with_regions, 3u);
-  EXPECT_EQ(s.dropped, 0u);
-  const std::vector<drained_event> events = core.drain(16);
-  ASSERT_EQ(events.size(), 3u);
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    EXPECT_EQ(events[i].launch_no, i + 1) << "a prefetch took a launch number";
-    EXPECT_EQ(events[i].regions, std::vector<region_id>{id});
-  }
 }
 
 TEST(TraceWriter, WritesBoundedChromeJson) {

@@ -108,12 +108,7 @@ def main():
     cycles = int(10_000_000 * (a.sleep_ms / 1e3) / dt)
 
     def make(loc_type):
-        p = Prop(); p.type = CU_MEM_ALLOCATION_TYPE_PINNED; p.location = Loc(loc_type, dev if loc_type == 1 else 0)
-        if loc_type == CU_MEM_LOCATION_TYPE_HOST:
-            p.location = Loc(CU_MEM_LOCATION_TYPE_HOST, 0)
-        h = ctypes.c_ulonglong()
-        ck(cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(size), ctypes.byref(p), ctypes.c_ulonglong(0)), "cuMemCreate")
-        return h
+        return create_pinned(cu, dev, loc_type, size)
 
     va = reserve_va(cu, size, gran)
     acc = Access(Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev), CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
@@ -142,19 +137,9 @@ def main():
     for n in (1, 4, 16, 64):
         if n * gran > size:
             break
-        pages = []
-        for _ in range(n):
-            p = Prop(); p.type = CU_MEM_ALLOCATION_TYPE_PINNED; p.location = Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev)
-            h = ctypes.c_ulonglong()
-            ck(cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(gran), ctypes.byref(p), ctypes.c_ulonglong(0)), "create")
-            pages.append(h)
-        p = Prop(); p.type = CU_MEM_ALLOCATION_TYPE_PINNED; p.location = Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev)
-        big = ctypes.c_ulonglong()
-        ck(cu.cuMemCreate(ctypes.byref(big), ctypes.c_size_t(n * gran), ctypes.byref(p), ctypes.c_ulonglong(0)), "create")
-        p = Prop(); p.type = CU_MEM_ALLOCATION_TYPE_PINNED; p.location = Loc(CU_MEM_LOCATION_TYPE_HOST, 0)
-        hbig = ctypes.c_ulonglong()
-        ck(cu.cuMemCreate(ctypes.byref(hbig), ctypes.c_size_t(n * gran), ctypes.byref(p), ctypes.c_ulonglong(0)),
-           "create host")
+        pages = [create_pinned(cu, dev, CU_MEM_LOCATION_TYPE_DEVICE, gran) for _ in range(n)]
+        big = create_pinned(cu, dev, CU_MEM_LOCATION_TYPE_DEVICE, n * gran)
+        hbig = create_pinned(cu, dev, CU_MEM_LOCATION_TYPE_HOST, n * gran)
         rows = {"pages_map": [], "pages_access": [], "pages_unmap_each": [], "pages_unmap_one_call": [],
                 "one_map": [], "one_access": [], "one_unmap": [], "host_map": [], "host_access": [], "host_unmap": []}
         for rep in range(6):

@@ -23,8 +23,8 @@ import statistics
 
 import torch
 
-from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOCATION_TYPE_PINNED, \
-    CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST, Access, Loc, Prop, ck, open_driver, reserve_va
+from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_LOCATION_TYPE_DEVICE, \
+    CU_MEM_LOCATION_TYPE_HOST, Access, Loc, ck, create_pinned, open_driver, reserve_va
 
 MIB = 1 << 20
 GRAN = 2 * MIB
@@ -41,12 +41,7 @@ class _CudaArray:
 def host_vmm_tensor(cu, dev, shape, keep):
     """A bf16 CUDA tensor of `shape` backed by host-located VMM memory at a VA of its own (an evicted region)."""
     size = -(-(2 * math.prod(shape)) // GRAN) * GRAN
-    prop = Prop()
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location = Loc(CU_MEM_LOCATION_TYPE_HOST, 0)
-    handle = ctypes.c_ulonglong()
-    ck(cu.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(prop), ctypes.c_ulonglong(0)),
-       "cuMemCreate(host)")
+    handle = create_pinned(cu, dev, CU_MEM_LOCATION_TYPE_HOST, size)
     va = reserve_va(cu, size, GRAN)
     ck(cu.cuMemMap(va, ctypes.c_size_t(size), ctypes.c_size_t(0), handle, ctypes.c_ulonglong(0)), "cuMemMap")
     acc = Access(Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev), CU_MEM_ACCESS_FLAGS_PROT_READWRITE)

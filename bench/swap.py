@@ -1240,6 +1240,13 @@ def lockstep_medians(record, warmup):
     record["median_step_s_all"] = record.get("median_step_s")
     if cont:
         record["median_step_s"] = statistics.median(cont)
+    tails = [t for i, t in enumerate(record.get("tail_times_s") or []) if i >= warmup and i not in first]
+    if tails:
+        record["median_tail_s"] = statistics.median(tails)
+    phases = [p for i, p in enumerate(record.get("phase_times_s") or []) if i >= warmup and i not in first]
+    if phases:
+        record["median_phase_s"] = {name: [statistics.median(p[k][j] for p in phases) for j in (0, 1)]
+                                    for k, name in enumerate(("forward", "backward", "optimizer"))}
     starts = sorted(i for i in first if i >= warmup)
     record["lockstep"]["blocks"] = [times[a:b] for a, b in zip(starts, starts[1:] + [len(times)])]
     record["lockstep"]["continuous_steps"] = len(cont)
@@ -1983,13 +1990,15 @@ def empty_case(case, fraction, error):
 
 def fill_layerswap(c, ls, resident):
     c["step_s"] = median_step(ls)
-    for key in ("median_issue_s", "median_cpu_s"):  # where the step's time goes: launching thread vs device
+    for key in ("median_issue_s", "median_cpu_s", "median_tail_s", "median_phase_s"):  # launching thread vs device; tail: other streams
         c[key.replace("median_", "")] = (ls.get("train") or {}).get(key)
         c["resident_" + key.replace("median_", "")] = (resident.get("train") or {}).get(key)
     # Every thread's CPU per timed step (the autograd thread launches the backward; layerswap's own threads).
     c["threads_per_step"] = (ls.get("train") or {}).get("threads_per_step")
     c["resident_threads_per_step"] = (resident.get("train") or {}).get("threads_per_step")
     c["steal_s_per_step"] = (ls.get("train") or {}).get("steal_s_per_step")
+    c["steal_s_per_step_by_thread"] = (ls.get("train") or {}).get("steal_s_per_step_by_thread")
+    c["resident_steal_s_per_step_by_thread"] = (resident.get("train") or {}).get("steal_s_per_step_by_thread")
     c["pinned_threads"] = (ls.get("train") or {}).get("pinned_threads")  # {thread: core} under --pin-threads
     c["resident_steal_s_per_step"] = (resident.get("train") or {}).get("steal_s_per_step")
     c["error"] = ls.get("error")
@@ -2041,7 +2050,9 @@ def peer_summary(r, cap, capped, resident, cuda, first_error=None):
            "cap_bytes": cap, "cap_enforced": capped,
            "within_cap": (peak <= cap) if (peak is not None and not r.get("error")) else None,
            "losses_bitwise_equal": eq, "first_differing_step": first_diff, "plan": r.get("peer_plan"),
-           "error": r.get("error"), "step_times_s": (r.get("train") or {}).get("step_times_s")}
+           "error": r.get("error"), "step_times_s": (r.get("train") or {}).get("step_times_s"),
+           "tail_s": (r.get("train") or {}).get("median_tail_s"),
+           "phase_s": (r.get("train") or {}).get("median_phase_s")}
     if r.get("gpu_profile"):
         out["gpu_profile"] = r["gpu_profile"]
     if first_error:

@@ -501,6 +501,19 @@ def cpu_steal_s():
         return None
 
 
+def cpu_steal_by_core():
+    """{core: seconds of steal} from /proc/stat's per-CPU lines (see cpu_steal_s); {} where it cannot be read."""
+    out = {}
+    try:
+        for line in pathlib.Path("/proc/stat").read_text().splitlines():
+            fields = line.split()
+            if fields and fields[0].startswith("cpu") and fields[0] != "cpu" and len(fields) > 8:
+                out[int(fields[0][3:])] = int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
 def thread_time_per_step(before, after, steps):
     """Per-step CPU figures of each thread name between two thread_times() samples: {name: {"threads",
     "cpu_s", "runqueue_s"}}, by CPU time, largest first. A thread that started in between counts from zero."""
@@ -582,15 +595,23 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     losses = record.setdefault("losses", [])
     losses_hex = record.setdefault("losses_hex", [])
     times = record.setdefault("step_times_s", [])
+    # Each step's tail: how much longer the device synchronisation took than the synchronisation of the stream the
+    # step ran on (work on other streams: layerswap's copies for the next step, a block swapper's side stream).
+    tails = record.setdefault("tail_times_s", [])
+    # Where the launching threads' time goes within a step: wall and main-thread CPU seconds of the forward pass
+    # (the loss issued), the backward pass (backward() returned: the autograd thread has issued it) and the rest
+    # (optimizer, zero_grad), each as [wall, main thread CPU].
+    phases = record.setdefault("phase_times_s", [])
     issue = record.setdefault("issue_times_s", [])  # step start -> all work enqueued (the launching thread's time)
     cpu = record.setdefault("cpu_times_s", [])      # the launching thread's CPU time in the step
-    threads_before, steal_before, window_start = {}, None, None
+    threads_before, steal_before, window_start, core_steal_before = {}, None, None, {}
     for step, batch in enumerate(built.batches):
         if step == cfg.warmup:
             if cfg.pin_threads:
                 record["pinned_threads"] = pin_threads(cfg.pin_cores, log)
             threads_before = thread_times()
             steal_before = cpu_steal_s()
+            core_steal_before = cpu_steal_by_core()
             window_start = time.monotonic()
         metering = meter is not None and step < cfg.warmup
         if meter is not None and step == cfg.warmup:
@@ -602,15 +623,23 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
             meter.begin_step()
         with attention_backends() if built.uses_sdpa else contextlib.nullcontext():  # a fresh one each step
             loss = built.loss(model, batch, device)
+        t1, c1 = time.perf_counter(), time.thread_time()
         loss.backward()
+        t2, c2 = time.perf_counter(), time.thread_time()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        t3, c3 = time.perf_counter(), time.thread_time()
+        phases.append([[t1 - t0, c1 - c0], [t2 - t1, c2 - c1], [t3 - t2, c3 - c2]])
         if metering:
             meter.end_step()
         issue.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
+        if on_cuda:
+            torch.cuda.current_stream(device).synchronize()
+        stream_done = time.perf_counter() - t0
         sync()
         dt = time.perf_counter() - t0
+        tails.append(dt - stream_done)
         value = loss.item()
         del loss
         if not math.isfinite(value):
@@ -630,8 +659,18 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
         steal_after = cpu_steal_s()
         if steal_before is not None and steal_after is not None:
             record["steal_s_per_step"] = (steal_after - steal_before) / (len(times) - cfg.warmup)
+        # The steal on the cores of the pinned threads (--pin-threads): the launching threads' own losses.
+        core_steal_after = cpu_steal_by_core()
+        pinned = record.get("pinned_threads") or {}
+        record["steal_s_per_step_by_thread"] = {
+            name: (core_steal_after[core] - core_steal_before[core]) / (len(times) - cfg.warmup)
+            for name, core in pinned.items() if core in core_steal_before and core in core_steal_after}
     record["warmup"] = warmup
     record["median_step_s"] = statistics.median(timed) if timed else None
     record["median_issue_s"] = statistics.median(issue[warmup:]) if timed else None
     record["median_cpu_s"] = statistics.median(cpu[warmup:]) if timed else None
+    record["median_tail_s"] = statistics.median(tails[warmup:]) if timed else None
+    if timed:
+        record["median_phase_s"] = {name: [statistics.median(p[k][j] for p in phases[warmup:]) for j in (0, 1)]
+                                    for k, name in enumerate(("forward", "backward", "optimizer"))}
     return record

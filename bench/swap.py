@@ -1245,11 +1245,36 @@ def lockstep_medians(record, warmup):
         record["median_tail_s"] = statistics.median(tails)
     phases = [p for i, p in enumerate(record.get("phase_times_s") or []) if i >= warmup and i not in first]
     if phases:
-        record["median_phase_s"] = {name: [statistics.median(p[k][j] for p in phases) for j in (0, 1)]
-                                    for k, name in enumerate(("forward", "backward", "optimizer"))}
+        import swap_models as sm
+        record["median_phase_s"] = sm.median_phases(phases)
     starts = sorted(i for i in first if i >= warmup)
     record["lockstep"]["blocks"] = [times[a:b] for a, b in zip(starts, starts[1:] + [len(times)])]
     record["lockstep"]["continuous_steps"] = len(cont)
+
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+def phase_text(phases):
+    """"forward 79.3 ms (CPU 75.9), backward ..." from pooled_phases()."""
+    def ms(x):
+        return "?" if x is None else f"{x * 1e3:.1f}"
+
+    return ", ".join(f"{name} {ms(p[0])} ms (CPU: main {ms(p[1])}, autograd {ms(p[2] if len(p) > 2 else None)})"
+                     for name, p in ((n, phases[n]) for n in PHASES if n in phases))
+
+
+def pooled_phases(records):
+    """The median [wall, main-thread CPU] seconds of each phase of a step (swap_models.train's phase_times_s) over
+    the steps of every process in `records` that followed a step of their own (lockstep_medians), or None."""
+    steps = []
+    for r in records:
+        tr = r.get("train") or {}
+        first = set((tr.get("lockstep") or {}).get("first_after_pause") or [])
+        warmup = tr.get("warmup") or 0
+        steps += [p for i, p in enumerate(tr.get("phase_times_s") or []) if i >= warmup and i not in first]
+    import swap_models as sm
+    return sm.median_phases(steps) if steps else None
 
 
 class GpuProfile:
@@ -1793,17 +1818,20 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
     for c, f, _ in cases:
         ls = got.get(("layerswap", f))
         if ls is not None:
-            fill_layerswap(c, ls, resident)
+            fill_layerswap(c, ls, resident, timing=again)
             pool(c, ("layerswap", f))
+            c["phase_s"] = pooled_phases(processes(("layerswap", f)))
+            c["resident_phase_s"] = pooled_phases(processes("resident"))
             c["interleave"] = paired_ratios(blocks(("layerswap", f)), resident_blocks)
         for name, env in args.variant:
             key = ("variant", name, f)
             if got.get(key) is None:
                 continue
             v = {"env": env, "bound_s": None}  # set with the case's, below
-            fill_layerswap(v, got[key], resident)
+            fill_layerswap(v, got[key], resident, timing=again)
             v.pop("layerswap_stats", None)  # the whole stats dict: the default side keeps it
             pool(v, key)
+            v["phase_s"] = pooled_phases(processes(key))
             v["interleave"] = paired_ratios(blocks(key), resident_blocks)
             # Per cycle, the variant's block against the default layerswap side's: > 1, the variant is slower.
             v["against_layerswap"] = paired_ratios(blocks(key), blocks(("layerswap", f)))
@@ -1815,6 +1843,7 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
             capped = r.get("capped", cuda)
             p = peer_summary(r, c["budget_bytes"], capped, resident, cuda, r.get("first_error"))
             pool(p, (peer, f))
+            p["phase_s"] = pooled_phases(processes((peer, f)))
             p["interleave"] = paired_ratios(blocks((peer, f)), resident_blocks)
             if ls is not None:
                 p["interleave"]["layerswap_speedup"] = paired_ratios(blocks((peer, f)), blocks(("layerswap", f)))
@@ -1988,19 +2017,23 @@ def empty_case(case, fraction, error):
             "peak_vram_bytes": None, "error": error, "peers": {}}
 
 
-def fill_layerswap(c, ls, resident):
+def fill_layerswap(c, ls, resident, timing=None):
+    """The layerswap side's figures in case `c`. The resident_* figures (phases, threads, steal) come from `timing`,
+    the resident run that ran beside it (interleaved), else from `resident`; the losses are compared with `resident`."""
+    timing = timing or resident
     c["step_s"] = median_step(ls)
-    for key in ("median_issue_s", "median_cpu_s", "median_tail_s", "median_phase_s"):  # launching thread vs device; tail: other streams
+    # Where the step's time goes: the launching thread against the device; the tail: work on other streams.
+    for key in ("median_issue_s", "median_cpu_s", "median_tail_s", "median_phase_s"):
         c[key.replace("median_", "")] = (ls.get("train") or {}).get(key)
-        c["resident_" + key.replace("median_", "")] = (resident.get("train") or {}).get(key)
+        c["resident_" + key.replace("median_", "")] = (timing.get("train") or {}).get(key)
     # Every thread's CPU per timed step (the autograd thread launches the backward; layerswap's own threads).
     c["threads_per_step"] = (ls.get("train") or {}).get("threads_per_step")
-    c["resident_threads_per_step"] = (resident.get("train") or {}).get("threads_per_step")
+    c["resident_threads_per_step"] = (timing.get("train") or {}).get("threads_per_step")
     c["steal_s_per_step"] = (ls.get("train") or {}).get("steal_s_per_step")
     c["steal_s_per_step_by_thread"] = (ls.get("train") or {}).get("steal_s_per_step_by_thread")
-    c["resident_steal_s_per_step_by_thread"] = (resident.get("train") or {}).get("steal_s_per_step_by_thread")
+    c["resident_steal_s_per_step_by_thread"] = (timing.get("train") or {}).get("steal_s_per_step_by_thread")
     c["pinned_threads"] = (ls.get("train") or {}).get("pinned_threads")  # {thread: core} under --pin-threads
-    c["resident_steal_s_per_step"] = (resident.get("train") or {}).get("steal_s_per_step")
+    c["resident_steal_s_per_step"] = (timing.get("train") or {}).get("steal_s_per_step")
     c["error"] = ls.get("error")
     if ls.get("output_tail"):
         c["output_tail"] = ls["output_tail"]
@@ -2189,6 +2222,9 @@ def print_table(res):
                   + launch_text(c))
         for line in attribution_lines(c):
             print(f"    {line}")
+        for who, ph in (("resident", c.get("resident_phase_s")), ("layerswap", c.get("phase_s"))):
+            if ph:
+                print(f"    phases, {who}: {phase_text(ph)}")
         for name, v in (c.get("variants") or {}).items():
             eq = bitwise_text(v)
             env = ",".join(f"{k}={x}" for k, x in v["env"].items())
@@ -2200,6 +2236,8 @@ def print_table(res):
             print(f"    variant {name} ({env}): step {sec(v.get('step_s'))} s{vs}, bitwise {eq}{launch_text(v)}{err}")
             for line in attribution_lines(v):
                 print(f"      {line}")
+            if v.get("phase_s"):
+                print(f"      phases: {phase_text(v['phase_s'])}")
         for name, p in c.get("peers", {}).items():
             eq = bitwise_text(p)
             speed = f", layerswap {p['layerswap_speedup']:.2f}x faster" if p.get("layerswap_speedup") else ""
@@ -2214,6 +2252,8 @@ def print_table(res):
             print(f"    peer {name:<24} step {sec(p.get('step_s'))} s, peak VRAM {gb(p.get('peak_vram_bytes'), 'B')} "
                   f"({within} {gb(p.get('cap_bytes'), 'B')}), resident blocks {res_blocks}{moved}, bitwise {eq}{speed}"
                   f"{pair}{under}{err}")
+            if p.get("phase_s"):
+                print(f"      phases: {phase_text(p['phase_s'])}")
     for note in res.get("notes", []):
         print(f"note: {note}")
 

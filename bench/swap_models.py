@@ -490,6 +490,23 @@ def thread_times():
     return out
 
 
+class ThreadClock:
+    """A thread's on-CPU seconds, read from /proc/self/task/TID/schedstat (the autograd thread's, by its name);
+    None where there is no such thread or no schedstat."""
+
+    def __init__(self, name):
+        self.path = next((pathlib.Path("/proc/self/task") / tid / "schedstat"
+                          for tid, (n, _, _) in thread_times().items() if n == name), None)
+
+    def __call__(self):
+        if self.path is None:
+            return None
+        try:
+            return int(self.path.read_text().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return None
+
+
 def cpu_steal_s():
     """Seconds of CPU time the hypervisor took from this machine's CPUs (all of them, summed): /proc/stat's
     `steal` column, in USER_HZ ticks; None where it cannot be read. A run on a machine whose host is busy loses
@@ -576,6 +593,19 @@ def note_timed_window(start, end):
             f.write(f"{os.getpid()} {start:.6f} {end:.6f}\n")
 
 
+def median_phases(steps):
+    """{phase: [median wall, median main-thread CPU, median autograd-thread CPU or None]} over `steps`, a list of
+    train()'s phase_times_s entries."""
+    out = {}
+    for k, name in enumerate(("forward", "backward", "optimizer")):
+        values = []
+        for j in (0, 1, 2):
+            xs = [p[k][j] for p in steps if len(p[k]) > j and p[k][j] is not None]
+            values.append(statistics.median(xs) if xs else None)
+        out[name] = values
+    return out
+
+
 def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     """Trains len(built.batches) steps; returns {"losses", "losses_hex", "step_times_s", "median_step_s", ...}.
     Each step is timed between two device synchronisations; the first `cfg.warmup` steps are left out of the
@@ -598,10 +628,11 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     # Each step's tail: how much longer the device synchronisation took than the synchronisation of the stream the
     # step ran on (work on other streams: layerswap's copies for the next step, a block swapper's side stream).
     tails = record.setdefault("tail_times_s", [])
-    # Where the launching threads' time goes within a step: wall and main-thread CPU seconds of the forward pass
-    # (the loss issued), the backward pass (backward() returned: the autograd thread has issued it) and the rest
-    # (optimizer, zero_grad), each as [wall, main thread CPU].
+    # Where the launching threads' time goes within a step: wall, main-thread CPU and autograd-thread CPU seconds of
+    # the forward pass (the loss issued), the backward pass (backward() returned: the autograd thread has issued it)
+    # and the rest (optimizer, zero_grad), each as [wall, main thread CPU, autograd thread CPU (None: unknown)].
     phases = record.setdefault("phase_times_s", [])
+    autograd_clock = None
     issue = record.setdefault("issue_times_s", [])  # step start -> all work enqueued (the launching thread's time)
     cpu = record.setdefault("cpu_times_s", [])      # the launching thread's CPU time in the step
     threads_before, steal_before, window_start, core_steal_before = {}, None, None, {}
@@ -613,10 +644,13 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
             steal_before = cpu_steal_s()
             core_steal_before = cpu_steal_by_core()
             window_start = time.monotonic()
+        if step == 1 or (step == cfg.warmup and autograd_clock is not None and autograd_clock.path is None):
+            autograd_clock = ThreadClock("pt_autograd_0")  # the CUDA device's autograd thread, made by step 0
         metering = meter is not None and step < cfg.warmup
         if meter is not None and step == cfg.warmup:
             meter.remove()
         sync()
+        a0 = autograd_clock() if autograd_clock else None
         t0 = time.perf_counter()
         c0 = time.thread_time()
         if metering:
@@ -624,12 +658,20 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
         with attention_backends() if built.uses_sdpa else contextlib.nullcontext():  # a fresh one each step
             loss = built.loss(model, batch, device)
         t1, c1 = time.perf_counter(), time.thread_time()
+        a1 = autograd_clock() if autograd_clock else None
         loss.backward()
         t2, c2 = time.perf_counter(), time.thread_time()
+        a2 = autograd_clock() if autograd_clock else None
         opt.step()
         opt.zero_grad(set_to_none=True)
         t3, c3 = time.perf_counter(), time.thread_time()
-        phases.append([[t1 - t0, c1 - c0], [t2 - t1, c2 - c1], [t3 - t2, c3 - c2]])
+        a3 = autograd_clock() if autograd_clock else None
+
+        def spent(a, b):
+            return None if a is None or b is None else b - a
+
+        phases.append([[t1 - t0, c1 - c0, spent(a0, a1)], [t2 - t1, c2 - c1, spent(a1, a2)],
+                       [t3 - t2, c3 - c2, spent(a2, a3)]])
         if metering:
             meter.end_step()
         issue.append(time.perf_counter() - t0)
@@ -671,6 +713,5 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     record["median_cpu_s"] = statistics.median(cpu[warmup:]) if timed else None
     record["median_tail_s"] = statistics.median(tails[warmup:]) if timed else None
     if timed:
-        record["median_phase_s"] = {name: [statistics.median(p[k][j] for p in phases[warmup:]) for j in (0, 1)]
-                                    for k, name in enumerate(("forward", "backward", "optimizer"))}
+        record["median_phase_s"] = median_phases(phases[warmup:])
     return record

@@ -47,28 +47,9 @@ rc=$?
   echo
   echo "# timed windows (pid start end):"
   sed 's/^/#   /' "$PERF_THREADS_WINDOWS"
-  echo "# threads: pid tid name seconds (busiest first; within its process's window when it has one: windowed)"
-  "$PERF" script -i "$data" -F pid,tid,comm,time 2>/dev/null |
-    awk -v f="$FREQ" -v wf="$PERF_THREADS_WINDOWS" '
-      BEGIN { while ((getline line < wf) > 0) { split(line, w, " "); ws[w[1]] = w[2]; we[w[1]] = w[3] } }
-      { t = $NF; sub(/:$/, "", t); name = $1; for (i = 2; i < NF - 1; i++) name = name "_" $i;
-        split($(NF - 1), p, "/");
-        if (p[1] in ws) { if (t + 0 < ws[p[1]] || t + 0 > we[p[1]]) next; name = name " windowed" }
-        n[p[1] " " p[2] " " name] += 1 }
-      END { for (k in n) { split(k, a, " "); printf "%s %s %s %.3f%s\n", a[1], a[2], a[3], n[k] / f, (a[4] ? " windowed" : "") } }' |
-    sort -k4,4 -g -r | tee "$tmp/threads" | head -n 40
-  while read -r pid tid name secs _; do
-    echo
-    window=$(awk -v p="$pid" '$1 == p { print $2 "," $3 }' "$PERF_THREADS_WINDOWS" | head -n 1)
-    echo "######## thread $tid ($name) of process $pid: $secs s${window:+ in the window $window}"
-    # (perf report --sort dso alone finds no samples for a thread other than a process's first: sum the symbols.)
-    "$PERF" report -i "$data" --tid "$tid" ${window:+--time "$window"} --percentage relative --sort dso,sym \
-      --stdio 2>/dev/null |
-      grep -v '^#' | grep -v '^$' >"$tmp/symbols"
-    awk '{ sub(/%/, "", $1); s[$2] += $1 } END { for (d in s) printf "%8.2f%%  %s\n", s[d], d }' "$tmp/symbols" |
-      sort -g -r | head -n 12
-    echo "--------"
-    head -n "$symbols" "$tmp/symbols"
-  done < <(head -n "$threads" "$tmp/threads")
+  # One pass over the samples (bench/perf_report.py); PERF_THREADS_JSON, if set, also gets every thread's counts.
+  "$PERF" script -i "$data" -F pid,tid,comm,time,ip,sym,dso 2>/dev/null |
+    python3 "$(dirname "${BASH_SOURCE[0]}")/perf_report.py" --freq "$FREQ" --windows "$PERF_THREADS_WINDOWS" \
+      --threads "$threads" --symbols "$symbols" ${PERF_THREADS_JSON:+--json "$PERF_THREADS_JSON"}
 } >"$report"
 exit "$rc"

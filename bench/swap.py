@@ -1039,6 +1039,7 @@ def worker_h2d(spec, out):
 
 def worker_train(spec, out, log):
     side = spec["side"]
+    out["pid"] = os.getpid()  # names the process in a profile of the whole run (bench/perf_threads.sh)
     import torch  # with LAYERSWAP=1 / LAYERSWAP_BUDGET in the environment, layerswap loads here
 
     ls = None
@@ -1782,7 +1783,8 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
         rs = processes(key)
         checks = [compare_losses(resident, r) for r in rs]
         summary["processes"] = [{"step_s": median_step(r), "error": r.get("error"), "losses_bitwise_equal": eq,
-                                 "first_differing_step": first} for r, (eq, first) in zip(rs, checks)]
+                                 "first_differing_step": first, "pid": r.get("pid")}
+                                for r, (eq, first) in zip(rs, checks)]
         summary["first_differing_step"] = next((first for eq, first in checks if eq is False), None)
         pooled = [b for b in blocks(key) if b is not None]
         summary["step_s"] = statistics.median(pooled) if pooled and not any(r.get("error") for r in rs) else None

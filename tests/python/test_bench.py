@@ -58,3 +58,73 @@ def test_pin_threads(monkeypatch):
         swap_models.pin_threads("1,2", log=lambda s: None)
     monkeypatch.setattr(swap_models.os, "sched_getaffinity", lambda pid: {0, 1})
     assert swap_models.pin_threads(log=lambda s: None) == {}  # too few cores: nothing pinned
+
+
+def test_phases_and_tails():
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(BENCH))
+    import swap
+    import swap_models
+
+    # Three steps of [wall, main CPU, autograd CPU] per phase; the autograd clock unknown in the first.
+    steps = [[[1.0, 0.9, None], [2.0, 0.1, 1.8], [0.5, 0.5, None]],
+             [[3.0, 2.9, 0.0], [4.0, 0.1, 3.9], [0.7, 0.7, 0.0]],
+             [[5.0, 4.9, 0.0], [6.0, 0.1, 5.8], [0.9, 0.9, 0.0]]]
+    got = swap_models.median_phases(steps)
+    assert got["forward"] == [3.0, 2.9, 0.0] and got["backward"] == [4.0, 0.1, 3.9], got
+    # A side that took turns: the warm-up step (0) and the first step after each pause (1, 3) are left out.
+    record = {"lockstep": {"first_after_pause": [0, 1, 3]}, "step_times_s": [9, 9, 1, 9, 2],
+              "tail_times_s": [9, 9, 0.001, 9, 0.003], "phase_times_s": [steps[0]] * 2 + [steps[1]] + [steps[0]]
+              + [steps[2]]}
+    swap.lockstep_medians(record, 1)
+    assert record["median_step_s"] == 1.5 and record["median_tail_s"] == pytest.approx(0.002)
+    assert record["median_phase_s"]["backward"] == [5.0, 0.1, 4.85], record["median_phase_s"]
+    pooled = swap.pooled_phases([{"train": dict(record, warmup=1)}, {"train": {"warmup": 0, "phase_times_s": steps}}])
+    assert pooled["optimizer"][0] == 0.7, pooled  # 0.7, 0.9 from the first; 0.5, 0.7, 0.9 from the second
+    assert swap.pooled_phases([{"train": {}}]) is None
+    assert "forward 3.0 ms (CPU: main 2.9, autograd 0.0)" in swap.phase_text(
+        {k: [x / 1e3 for x in v] for k, v in got.items()})
+    clock = swap_models.ThreadClock("no such thread")
+    assert clock.path is None and clock() is None
+    steal = swap_models.cpu_steal_by_core()
+    assert all(s >= 0 for s in steal.values())
+
+
+def test_perf_report_and_sides(tmp_path):
+    sys.path.insert(0, str(BENCH))
+    import json
+
+    import perf_report
+    import perf_sides
+
+    lines = ["  python3   100/100  10.000000:  7f01  at::native::foo<float>(int) (/usr/lib/libtorch_cpu.so)",
+             "  python3   100/100  10.001000:  7f02  layerswap::region_map::lookup+0x1c (/x/_C.cpython-312.so)",
+             "  python3   100/100  99.000000:  7f02  layerswap::region_map::lookup (/x/_C.cpython-312.so)",
+             "  pt_autograd_0 100/101  10.002000:  7f03  [unknown] (/usr/lib/libcupti.so.13)",
+             "  python3   200/200  10.000000:  7f04  cuLaunchKernel (/usr/lib/libcuda.so.1)",
+             "not a sample line"]
+    threads = perf_report.aggregate(lines, {"100": (5.0, 20.0)})
+    main = threads[("100", "100")]
+    assert main["samples"] == 2 and main["windowed"]  # the sample at 99 s is outside process 100's window
+    assert main["sym"]["_C.cpython-312.so layerswap::region_map::lookup"] == 1  # the offset is dropped
+    assert threads[("100", "101")]["dso"]["libcupti.so.13"] == 1 and not threads[("200", "200")]["windowed"]
+    swap_json = {"settings": {"interleave_cycles": 2, "interleave_block": 3, "steps": 8, "warmup": 2},
+                 "models": {"m": {"interleave": {"resident_processes": [{"pid": 200}]}}},
+                 "cases": [{"budget_fraction": 0.25, "processes": [{"pid": 100}],
+                            "variants": {"idle": {"processes": [{"pid": 300}]}}, "peers": {}}]}
+    assert perf_sides.side_pids(swap_json) == {200: "resident", 100: "layerswap 0.25", 300: "layerswap 0.25 [idle]"}
+    assert perf_sides.timed_steps(swap_json) == 6
+    perf = {"100/100": {"name": "python3", "seconds": 0.006, "windowed": True, "dso": {"_C.so": 6},
+                        "sym": {"_C.so layerswap::region_map::lookup": 6}},
+            "200/200": {"name": "python3", "seconds": 0.003, "windowed": True, "dso": {"libc10_cuda.so": 3},
+                        "sym": {"libc10_cuda.so malloc": 3}}}
+    (tmp_path / "swap.json").write_text(json.dumps(swap_json))
+    (tmp_path / "perf.json").write_text(json.dumps(perf))
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert perf_sides.main([str(tmp_path / "swap.json"), str(tmp_path / "perf.json")]) == 0
+    text = out.getvalue()
+    assert "== main: resident 0.5, layerswap 0.25 1.0" in text, text  # 6 ms over 6 steps; 3 ms over 6
+    assert "region_map::lookup" in text

@@ -10,7 +10,9 @@
 # A process that writes "pid start end" (CLOCK_MONOTONIC seconds) to the file $PERF_THREADS_WINDOWS is reported
 # over that window alone (bench/swap.py's workers write their timed steps' window), so start-up does not dilute
 # what the steps cost.
-# PERF names the perf binary (default perf); PERF_FREQ the sampling rate in Hz (default 999).
+# PERF names the perf binary (default perf); PERF_FREQ the sampling rate in Hz (default 999). PERF_THREADS_JSON, if
+# set, also gets every thread's samples by library and symbol (bench/perf_report.py), which bench/perf_sides.py
+# tables per side of an interleaved bench/swap.py run.
 # Symbols of layerswap's own libraries need an unstripped install: pybind11 strips the module itself, so
 # pip install -C install.strip=false -C cmake.define.CMAKE_STRIP=/bin/true .
 set -u -o pipefail

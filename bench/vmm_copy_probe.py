@@ -33,7 +33,8 @@ import time
 import torch
 
 from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_LOCATION_TYPE_DEVICE, \
-    CU_MEM_LOCATION_TYPE_HOST, Access, Loc, create_pinned, open_driver, reserve_va, timed_map_access_unmap
+    CU_MEM_LOCATION_TYPE_HOST, Access, CudaArray, Loc, create_pinned, open_driver, reserve_va, \
+    timed_map_access_unmap
 
 MIB = 1 << 20
 LOADS = ("none", "h2d", "d2h", "both", "gemm", "tiny", "d2h_blocked", "d2d", "d2h_sm")
@@ -57,13 +58,8 @@ class Load:
         self.s3 = torch.cuda.Stream()
         self.dev3 = torch.empty(n, dtype=torch.uint8, device="cuda")
         # The pinned buffer seen as a CUDA tensor (zero-copy, through its device pointer), for a kernel to write.
-        host_ptr = self.host2.data_ptr()
-
-        class HostView:
-            __cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (host_ptr, False), "version": 3}
-
         try:
-            self.host_view = torch.as_tensor(HostView(), device="cuda")
+            self.host_view = torch.as_tensor(CudaArray(self.host2.data_ptr(), (n,), "|u1"), device="cuda")
         except Exception as e:  # noqa: BLE001 - a torch that refuses a host pointer: the row is left out
             print(f"d2h_sm: torch would not view pinned host memory as a CUDA tensor ({e}); that load is skipped")
             self.host_view = None

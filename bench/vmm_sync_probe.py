@@ -52,6 +52,15 @@ def size_probe_args(mib, reps, out, mib_help):
     return ap.parse_args()
 
 
+class CudaArray:
+    """What torch.as_tensor takes as a CUDA array: `shape` words of numpy type `typestr` (e.g. "<i2", "|u1") at a
+    device-visible address `ptr` (a VMM range, or pinned host memory through unified addressing)."""
+
+    def __init__(self, ptr, shape, typestr):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (ptr, False),
+                                         "version": 3, "strides": None}
+
+
 def create_pinned(cu, dev, loc_type, size):
     """One pinned physical allocation of `size` bytes on device `dev` or on the host (`loc_type`), as a c_ulonglong."""
     prop = Prop()

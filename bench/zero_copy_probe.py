@@ -24,18 +24,10 @@ import statistics
 import torch
 
 from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_LOCATION_TYPE_DEVICE, \
-    CU_MEM_LOCATION_TYPE_HOST, Access, Loc, ck, create_pinned, open_driver, reserve_va
+    CU_MEM_LOCATION_TYPE_HOST, Access, CudaArray, Loc, ck, create_pinned, open_driver, reserve_va
 
 MIB = 1 << 20
 GRAN = 2 * MIB
-
-
-class _CudaArray:
-    """An object torch.as_tensor takes as a CUDA array: int16 words at a device-visible address."""
-
-    def __init__(self, ptr, shape):
-        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": "<i2", "data": (ptr, False),
-                                         "version": 3, "strides": None}
 
 
 def host_vmm_tensor(cu, dev, shape, keep):
@@ -47,14 +39,14 @@ def host_vmm_tensor(cu, dev, shape, keep):
     acc = Access(Loc(CU_MEM_LOCATION_TYPE_DEVICE, dev), CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
     ck(cu.cuMemSetAccess(va, ctypes.c_size_t(size), ctypes.byref(acc), ctypes.c_size_t(1)), "cuMemSetAccess")
     keep.append((va, size, handle))
-    return torch.as_tensor(_CudaArray(va.value, shape), device=f"cuda:{dev}").view(torch.bfloat16)
+    return torch.as_tensor(CudaArray(va.value, shape, "<i2"), device=f"cuda:{dev}").view(torch.bfloat16)
 
 
 def pinned_tensor(shape, keep):
     """A bf16 CUDA tensor of `shape` over cudaHostAlloc memory (unified addressing: the host pointer serves the GPU)."""
     host = torch.empty(shape, dtype=torch.bfloat16, pin_memory=True)
     keep.append(host)
-    return torch.as_tensor(_CudaArray(host.data_ptr(), shape), device="cuda").view(torch.bfloat16)
+    return torch.as_tensor(CudaArray(host.data_ptr(), shape, "<i2"), device="cuda").view(torch.bfloat16)
 
 
 def timed(fn, reps, warm=3):

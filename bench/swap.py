@@ -1229,6 +1229,12 @@ def worker_train(spec, out, log):
         out["traffic"] = layerswap_traffic(snapshots.get("after_warmup"), snapshots.get("end"), timed)
 
 
+def after_own_steps(values, warmup, first):
+    """The entries of a per-step list for the timed steps (from `warmup`) that followed a step of their own, not a
+    pause (`first`: the steps that came first after one)."""
+    return [v for i, v in enumerate(values or []) if i >= warmup and i not in first]
+
+
 def lockstep_medians(record, warmup):
     """A side that took turns (--interleave): its step is the median of the timed steps that followed another
     step of its own, not a pause. While a side waits, its device and its copy engines are idle, so the first step
@@ -1237,14 +1243,14 @@ def lockstep_medians(record, warmup):
     median_step_s_all, and each block's steps under "blocks" (for the paired ratios)."""
     times = record.get("step_times_s") or []
     first = set(record["lockstep"]["first_after_pause"])
-    cont = [t for i, t in enumerate(times) if i >= warmup and i not in first]
+    cont = after_own_steps(times, warmup, first)
     record["median_step_s_all"] = record.get("median_step_s")
     if cont:
         record["median_step_s"] = statistics.median(cont)
-    tails = [t for i, t in enumerate(record.get("tail_times_s") or []) if i >= warmup and i not in first]
+    tails = after_own_steps(record.get("tail_times_s"), warmup, first)
     if tails:
         record["median_tail_s"] = statistics.median(tails)
-    phases = [p for i, p in enumerate(record.get("phase_times_s") or []) if i >= warmup and i not in first]
+    phases = after_own_steps(record.get("phase_times_s"), warmup, first)
     if phases:
         import swap_models as sm
         record["median_phase_s"] = sm.median_phases(phases)
@@ -1253,16 +1259,13 @@ def lockstep_medians(record, warmup):
     record["lockstep"]["continuous_steps"] = len(cont)
 
 
-PHASES = ("forward", "backward", "optimizer")
-
-
 def phase_text(phases):
     """"forward 79.3 ms (CPU: main 75.9, autograd 0.0), backward ..." from pooled_phases() (seconds in)."""
     def ms(x):
         return "?" if x is None else f"{x * 1e3:.1f}"
 
     return ", ".join(f"{name} {ms(p[0])} ms (CPU: main {ms(p[1])}, autograd {ms(p[2] if len(p) > 2 else None)})"
-                     for name, p in ((n, phases[n]) for n in PHASES if n in phases))
+                     for name, p in phases.items())
 
 
 def pooled_phases(records):
@@ -1273,8 +1276,7 @@ def pooled_phases(records):
     for r in records:
         tr = r.get("train") or {}
         first = set((tr.get("lockstep") or {}).get("first_after_pause") or [])
-        warmup = tr.get("warmup") or 0
-        steps += [p for i, p in enumerate(tr.get("phase_times_s") or []) if i >= warmup and i not in first]
+        steps += after_own_steps(tr.get("phase_times_s"), tr.get("warmup") or 0, first)
     import swap_models as sm
     return sm.median_phases(steps) if steps else None
 

@@ -593,11 +593,14 @@ def note_timed_window(start, end):
             f.write(f"{os.getpid()} {start:.6f} {end:.6f}\n")
 
 
+PHASES = ("forward", "backward", "optimizer")  # a step's phases, in the order of train()'s phase_times_s entries
+
+
 def median_phases(steps):
     """{phase: [median wall, median main-thread CPU, median autograd-thread CPU or None]} over `steps`, a list of
     train()'s phase_times_s entries."""
     out = {}
-    for k, name in enumerate(("forward", "backward", "optimizer")):
+    for k, name in enumerate(PHASES):
         values = []
         for j in (0, 1, 2):
             xs = [p[k][j] for p in steps if len(p[k]) > j and p[k][j] is not None]

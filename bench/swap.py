@@ -47,7 +47,10 @@ under the cap, docs/history.md, session 21). The Llama cases need transformers a
 accelerate.
 
 Determinism: every side uses the same seeds, torch.use_deterministic_algorithms(True), CUBLAS_WORKSPACE_CONFIG=
-:4096:8, SDPA restricted to flash + math, and the same data each step; so the losses must be bit-identical.
+:4096:8, SDPA restricted to flash + math, and the same data each step; so the losses must be bit-identical. Every
+side unsets CUBLAS_WORKSPACE_CONFIG after its first step where that keeps cuBLAS's workspace (sm90), because PyTorch
+2.11 compiles a regex from it at every GEMM while it is set (--keep-cublas-config keeps it; Note [CUBLAS_WORKSPACE_
+CONFIG after the first step] in swap_models.py).
 
 This parent process never imports torch: only the workers touch the device.
 """
@@ -1586,6 +1589,11 @@ def run_all(args, save=lambda res: None, runner_class=None):
                         "peer_cases": sorted(peer_cases), "peer_fraction": args.peer_fraction,
                         "worker_timeout_s": args.worker_timeout, "deadline_s": args.deadline,
                         "pin_threads": pin, "pin_cores": args.pin_cores or None,
+                        "cublas_workspace_config": (f"{CUBLAS_DETERMINISTIC_WORKSPACE} throughout"
+                                                    if args.keep_cublas_config else
+                                                    f"{CUBLAS_DETERMINISTIC_WORKSPACE} for the first step, then "
+                                                    "unset on sm90 (the same workspace; each worker's train record "
+                                                    "says what it did)"),
                         "interleave_cycles": args.interleave or None,
                         "interleave_block": args.block if args.interleave else None,
                         "variants": {name: env for name, env in args.variant} or None,
@@ -1618,7 +1626,8 @@ def run_all(args, save=lambda res: None, runner_class=None):
             run_cfg = {"case": case, "device": args.device, "quick": args.quick, "steps": args.steps,
                        "warmup": args.warmup, "batch": args.batch, "seq": args.seq, "seed": args.seed,
                        "unet_batch": args.unet_batch, "unet_resolution": args.unet_resolution,
-                       "llama": args.llama_size, "pin_threads": pin, "pin_cores": args.pin_cores}
+                       "llama": args.llama_size, "pin_threads": pin, "pin_cores": args.pin_cores,
+                       "keep_cublas_config": args.keep_cublas_config}
             resident = runner.run("resident", run_cfg, tag=f"{case} resident")
             res.setdefault("torch", resident.get("torch"))
             if res["device"] == args.device and resident.get("device"):
@@ -2297,6 +2306,11 @@ def parse_args(argv=None):
     p.add_argument("--pin-cores", default="", metavar="P,A,M,L",
                    help="with --pin-threads: the cores of the Python thread, the autograd thread, layerswap-move and "
                         "layerswap-learn (default: every other core from the third: 2,4,6,8)")
+    p.add_argument("--keep-cublas-config", action="store_true",
+                   help="keep CUBLAS_WORKSPACE_CONFIG set after the first step. By default every side unsets it "
+                        "there on sm90, where that leaves cuBLAS the same workspace: PyTorch 2.11 compiles a regex "
+                        "from it at every GEMM while it is set (bench/swap_models.py, Note [CUBLAS_WORKSPACE_CONFIG "
+                        "after the first step])")
     p.add_argument("--margin-mib", type=float, default=None,
                    help="budget margin over fraction*movable + transient, MiB (default 256; 16 with --quick)")
     p.add_argument("--margin-share", type=float, default=0.0, metavar="S",

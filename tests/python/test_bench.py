@@ -1,6 +1,6 @@
 """The benchmark harnesses' own logic (no GPU): bench/swap.py's self-test (budgets, the Belady bound, the resident
 rerun, the peers' bookkeeping, on a fake runner), bench/stack_top.py's and bench/swap_stats.py's, and the training
-loop's per-thread CPU accounting and step phases, bench/tracker.py's interleaved estimate, bench/launch_hook_probe.py's
+loop's per-thread CPU accounting, step phases and its CUBLAS_WORKSPACE_CONFIG rule, bench/tracker.py's interleaved estimate, bench/launch_hook_probe.py's
 shim on a fake driver and runtime, and the perf reports (bench/perf_report.py, bench/perf_sides.py)."""
 import pathlib
 import subprocess
@@ -58,6 +58,33 @@ def test_pin_threads(monkeypatch):
         swap_models.pin_threads("1,2", log=lambda s: None)
     monkeypatch.setattr(swap_models.os, "sched_getaffinity", lambda pid: {0, 1})
     assert swap_models.pin_threads(log=lambda s: None) == {}  # too few cores: nothing pinned
+
+
+def test_drop_cublas_config(monkeypatch):
+    """CUBLAS_WORKSPACE_CONFIG is unset after the first step only where PyTorch's default workspace is the one
+    ":4096:8" asks for (sm90); anywhere else, or with another value, it stays (swap_models.drop_cublas_config)."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(BENCH))
+    import os
+
+    import swap_models
+    import torch
+
+    capability = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability[0])
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert swap_models.drop_cublas_config("cuda") == "unset"
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    assert swap_models.drop_cublas_config("cpu").startswith("kept :4096:8")
+    capability[0] = (8, 0)
+    assert swap_models.drop_cublas_config("cuda").startswith("kept :4096:8: sm80")
+    capability[0] = (9, 0)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    assert swap_models.drop_cublas_config("cuda").startswith("kept :16:8")
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    assert "then unset" in swap_models.drop_cublas_config("cuda")
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
 
 
 def test_phases_and_tails():

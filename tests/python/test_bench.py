@@ -1,7 +1,8 @@
 """The benchmark harnesses' own logic (no GPU): bench/swap.py's self-test (budgets, the Belady bound, the resident
-rerun, the peers' bookkeeping, on a fake runner), bench/stack_top.py's and bench/swap_stats.py's, and the training
-loop's per-thread CPU accounting, step phases and its CUBLAS_WORKSPACE_CONFIG rule, bench/tracker.py's interleaved estimate, bench/launch_hook_probe.py's
-shim on a fake driver and runtime, and the perf reports (bench/perf_report.py, bench/perf_sides.py)."""
+rerun, the peers' bookkeeping, on a fake runner), bench/stack_top.py's and bench/swap_stats.py's, the training loop's
+per-thread CPU accounting, step phases and CUBLAS_WORKSPACE_CONFIG rule, bench/tracker.py's interleaved estimate,
+bench/launch_hook_probe.py's shim on a fake driver and runtime, and the perf reports (bench/perf_report.py,
+bench/perf_sides.py)."""
 import pathlib
 import subprocess
 import sys

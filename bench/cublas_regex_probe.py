@@ -127,9 +127,9 @@ def build_preload(tmp):
 
 
 def summarize(rows, key):
+    """{config: the median of `key` over the rows of that config}."""
     by = {c: [r[key] for r in rows if r["config"] == c] for c in CONFIGS}
-    med = {c: statistics.median(v) for c, v in by.items() if v}
-    return by, med
+    return {c: statistics.median(v) for c, v in by.items() if v}
 
 
 def main():
@@ -190,11 +190,11 @@ def main():
                 print(f"count step (set): {result['count']['step'].get('strxfrm_per_step', 0):.0f} __strxfrm_l "
                       "calls per step", flush=True)
 
-    _, mm = summarize(result["mm"], "cpu_us_per_call")
+    mm = summarize(result["mm"], "cpu_us_per_call")
     result["mm_cpu_us_per_call"] = mm
     print(f"mm: CPU per call {mm['unset']:.2f} us unset, {mm['set']:.2f} us set: +{mm['set'] - mm['unset']:.2f} us")
     if result["step"]:
-        _, st = summarize(result["step"], "median_step_s")
+        st = summarize(result["step"], "median_step_s")
         result["median_step_s"] = st
         print(f"step: {st['unset']:.4f} s unset, {st['set']:.4f} s set ({st['set'] / st['unset']:.3f}x)")
     if args.out:

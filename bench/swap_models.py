@@ -508,28 +508,33 @@ class ThreadClock:
             return None
 
 
-def cpu_steal_s():
-    """Seconds of CPU time the hypervisor took from this machine's CPUs (all of them, summed): /proc/stat's
-    `steal` column, in USER_HZ ticks; None where it cannot be read. A run on a machine whose host is busy loses
-    CPU time it cannot see otherwise (a CPU-bound step then slows with no change of its own)."""
-    try:
-        fields = pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()
-        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def cpu_steal_by_core():
-    """{core: seconds of steal} from /proc/stat's per-CPU lines (see cpu_steal_s); {} where it cannot be read."""
+def proc_stat_steal():
+    """{"cpu": all CPUs summed, "cpu0": ..., "cpu1": ...}: the seconds of CPU time the hypervisor took, /proc/stat's
+    `steal` column in USER_HZ ticks; {} where it cannot be read. A run on a machine whose host is busy loses CPU time
+    it cannot see otherwise (a CPU-bound step then slows with no change of its own)."""
     out = {}
     try:
+        tick = os.sysconf("SC_CLK_TCK")
         for line in pathlib.Path("/proc/stat").read_text().splitlines():
             fields = line.split()
-            if fields and fields[0].startswith("cpu") and fields[0] != "cpu" and len(fields) > 8:
-                out[int(fields[0][3:])] = int(fields[8]) / os.sysconf("SC_CLK_TCK")
+            if fields and fields[0].startswith("cpu") and len(fields) > 8:
+                out[fields[0]] = int(fields[8]) / tick
     except (OSError, ValueError):
         return {}
     return out
+
+
+def cpu_steal_s(steal=None):
+    """Seconds of steal of all this machine's CPUs, summed, from proc_stat_steal() (read now unless given); None
+    where it cannot be read."""
+    return (proc_stat_steal() if steal is None else steal).get("cpu")
+
+
+def cpu_steal_by_core(steal=None):
+    """{core: seconds of steal} from proc_stat_steal()'s per-CPU lines (read now unless given); {} where it cannot
+    be read."""
+    steal = proc_stat_steal() if steal is None else steal
+    return {int(name[3:]): s for name, s in steal.items() if name != "cpu"}
 
 
 def thread_time_per_step(before, after, steps):
@@ -680,8 +685,8 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
             if cfg.pin_threads:
                 record["pinned_threads"] = pin_threads(cfg.pin_cores, log)
             threads_before = thread_times()
-            steal_before = cpu_steal_s()
-            core_steal_before = cpu_steal_by_core()
+            steal = proc_stat_steal()
+            steal_before, core_steal_before = cpu_steal_s(steal), cpu_steal_by_core(steal)
             window_start = time.monotonic()
         if step == 1 or (step == cfg.warmup and autograd_clock is not None and autograd_clock.path is None):
             autograd_clock = ThreadClock("pt_autograd_0")  # the CUDA device's autograd thread, made by step 0
@@ -735,11 +740,12 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
     if threads_before and len(times) > cfg.warmup:
         # Every thread's CPU over the timed steps: the Python thread, PyTorch's autograd thread, layerswap's.
         record["threads_per_step"] = thread_time_per_step(threads_before, thread_times(), len(times) - cfg.warmup)
-        steal_after = cpu_steal_s()
+        steal = proc_stat_steal()
+        steal_after = cpu_steal_s(steal)
         if steal_before is not None and steal_after is not None:
             record["steal_s_per_step"] = (steal_after - steal_before) / (len(times) - cfg.warmup)
         # The steal on the cores of the pinned threads (--pin-threads): the launching threads' own losses.
-        core_steal_after = cpu_steal_by_core()
+        core_steal_after = cpu_steal_by_core(steal)
         pinned = record.get("pinned_threads") or {}
         record["steal_s_per_step_by_thread"] = {
             name: (core_steal_after[core] - core_steal_before[core]) / (len(times) - cfg.warmup)

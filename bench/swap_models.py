@@ -602,34 +602,10 @@ def note_timed_window(start, end):
 PHASES = ("forward", "backward", "optimizer")  # a step's phases, in the order of train()'s phase_times_s entries
 
 
-# Note [CUBLAS_WORKSPACE_CONFIG after the first step]
-# PyTorch 2.11 parses CUBLAS_WORKSPACE_CONFIG with a new std::regex every time it hands out a cuBLAS handle, that is at
-# every GEMM (at::cuda::getCurrentCUDABlasHandle -> setWorkspaceForHandle -> getChosenWorkspaceSize ->
-# parseChosenWorkspaceSize), whenever the variable is set; unset, it returns its default size without parsing. On the
-# H100 that is 55 us of the launching thread's CPU per GEMM and a third more time per step of the 1.1B LoRA case,
-# for every side alike (bench/cublas_regex_probe.py; docs/history.md, session 39). Deterministic runs must set the
-# variable, but PyTorch checks it once (Context::alertCuBLASConfigNotDeterministic caches the answer at the first
-# cuBLAS call) and cuBLAS creates each thread's handle while it is set; PyTorch then gives every handle a workspace of
-# the size it parses. On sm90 its default is 4096 KiB x 8, the size ":4096:8" asks for, so unsetting the variable
-# after the first step (every thread that runs GEMMs has made its handle) leaves the workspace and the results as they
-# were. The benchmark's steps then cost what they cost in ordinary, non-deterministic training, where nobody sets the
-# variable. Elsewhere the default differs, and the variable stays.
-SM90_DEFAULT_CUBLAS_CONFIG = ":4096:8"
-
-
-def drop_cublas_config(device):
-    """Unsets CUBLAS_WORKSPACE_CONFIG where that keeps PyTorch's cuBLAS workspace size (Note [CUBLAS_WORKSPACE_CONFIG
-    after the first step]). Returns what it did, for the record."""
-    value = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
-    if value is None:
-        return "unset"
-    if torch.device(device).type != "cuda":
-        return f"kept {value}: not a CUDA device"
-    capability = torch.cuda.get_device_capability(device)
-    if value != SM90_DEFAULT_CUBLAS_CONFIG or capability != (9, 0):
-        return f"kept {value}: sm{capability[0]}{capability[1]}'s default workspace differs"
-    del os.environ["CUBLAS_WORKSPACE_CONFIG"]
-    return f"{value} for the first step, then unset (the same workspace: sm90's default)"
+# The rule that unsets CUBLAS_WORKSPACE_CONFIG after each side's first step is the sample's (Note [CUBLAS_WORKSPACE_CONFIG
+# after the first step] in samples/train_transformer.py), so that the benchmark and the sample's deterministic runs
+# keep one definition of it.
+drop_cublas_config = sample.drop_cublas_config
 
 
 def median_phases(steps):

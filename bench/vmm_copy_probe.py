@@ -17,13 +17,19 @@ its own before the timing starts and checked to be still running when it ends:
   d2d      device -> device copies (the copy engines busy, no host memory written)
   d2h_sm   a kernel writing device data into pinned host memory (host memory written over the link by the SMs, not by
            a copy engine)
+  h2d_sm   a kernel reading pinned host memory into device memory (the engine's prefetches done by the SMs, every copy
+           engine idle)
+  h2d_sm16 the same by a Triton kernel of 16 programs (16 SMs; skipped without Triton)
 
 The loads rotate in rounds (--rounds), so the machine's drift falls on all alike; each row is the median over every
 round's reps, and says in how many rounds the load outlasted the timing. Prints a table and writes JSON to --out.
 
 On an H100 (session 36: bench/results/vmm_copy_probe_s36_h100.json, docs/history.md) a set-access made while something
 writes host memory took 0.6-0.9 ms longer, whatever it mapped (device memory: 0.7 -> 29 us per MiB at 32 MiB); copies
-queued but not running cost nothing; host -> device and device -> device copies made host remaps 1.5-1.9x dearer."""
+queued but not running cost nothing; host -> device and device -> device copies made host remaps 1.5-1.9x dearer.
+Session 40 (bench/results/vmm_copy_probe_s40_h100.json) added h2d_sm and h2d_sm16: the SMs reading host memory make
+a host remap far dearer than a copy engine does (access + unmap 33x with every SM, 3.5x with 16, against 1.6x), so
+prefetches copied by a kernel would cost the migration thread more, not less."""
 import argparse
 import ctypes
 import json
@@ -37,7 +43,30 @@ from vmm_sync_probe import CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_LOCATION_T
     timed_map_access_unmap
 
 MIB = 1 << 20
-LOADS = ("none", "h2d", "d2h", "both", "gemm", "tiny", "d2h_blocked", "d2d", "d2h_sm")
+LOADS = ("none", "h2d", "d2h", "both", "gemm", "tiny", "d2h_blocked", "d2d", "d2h_sm", "h2d_sm", "h2d_sm16")
+
+
+def triton_copy(programs):
+    """A copy kernel of `programs` Triton programs (one SM each), each striding over the words in 16 KiB blocks; None
+    without Triton."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        print("h2d_sm16: no Triton; that load is skipped")
+        return None
+
+    @triton.jit
+    def copy_words(src, dst, n, BLOCK: tl.constexpr, PROGRAMS: tl.constexpr):
+        pid = tl.program_id(0)
+        for start in range(pid * BLOCK, n, PROGRAMS * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < n
+            tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+    def run(src, dst):
+        copy_words[(programs,)](src, dst, src.numel(), BLOCK=4096, PROGRAMS=programs, num_warps=16)
+    return run
 
 
 class Load:
@@ -63,6 +92,19 @@ class Load:
         except Exception as e:  # noqa: BLE001 - a torch that refuses a host pointer: the row is left out
             print(f"d2h_sm: torch would not view pinned host memory as a CUDA tensor ({e}); that load is skipped")
             self.host_view = None
+        # The h2d copies' pinned source seen the same way, as 32-bit words, for a kernel to read (16-byte loads).
+        try:
+            self.src_view = torch.as_tensor(CudaArray(self.host.data_ptr(), (n // 4,), "<i4"), device="cuda")
+            self.dev_words = self.dev.view(torch.int32)
+        except Exception as e:  # noqa: BLE001
+            print(f"h2d_sm: torch would not view pinned host memory as a CUDA tensor ({e}); those loads are skipped")
+            self.src_view = None
+        self.sm16 = triton_copy(16) if self.src_view is not None else None
+        if self.sm16 is not None:  # compiled here, not inside a round's timing; checked once
+            self.host.random_(0, 256)
+            self.sm16(self.src_view, self.dev_words)
+            torch.cuda.synchronize()
+            assert torch.equal(self.dev.cpu(), self.host), "the Triton copy kernel copied wrong bytes"
         # 1,000 one-element kernels in a graph: one launch keeps the front end busy ~1-2 ms, so the queue outlasts
         # the timing (launched one by one from Python, the GPU would drain them as fast as they come).
         self.tiny = torch.cuda.CUDAGraph()
@@ -99,6 +141,10 @@ class Load:
             "d2d": [(self.s1, moving(1000e9), lambda: self.dev3.copy_(self.dev2, non_blocking=True))],
             "d2h_sm": [] if self.host_view is None else
                       [(self.s1, moving(40e9), lambda: torch.add(self.dev2, 0, out=self.host_view))],
+            "h2d_sm": [] if self.src_view is None else
+                      [(self.s1, moving(40e9), lambda: torch.add(self.src_view, 0, out=self.dev_words))],
+            "h2d_sm16": [] if self.sm16 is None else
+                        [(self.s1, moving(20e9), lambda: self.sm16(self.src_view, self.dev_words))],
             # ~0.2-0.3 ms a 4096^3 bf16 product on an H100; ~1-2 ms a replay of the tiny graph
             "gemm": [(self.s1, max(1, int(seconds / 0.25e-3)), lambda: torch.mm(self.a, self.b))],
             "tiny": [(self.s1, max(1, int(seconds / 1e-3)), self.tiny.replay)],

@@ -219,6 +219,34 @@ def make_deterministic(seed):
     random.seed(seed)
 
 
+# Note [CUBLAS_WORKSPACE_CONFIG after the first step]
+# PyTorch 2.11 parses CUBLAS_WORKSPACE_CONFIG with a new std::regex every time it hands out a cuBLAS handle, that is
+# at every GEMM (at::cuda::getCurrentCUDABlasHandle -> setWorkspaceForHandle -> getChosenWorkspaceSize ->
+# parseChosenWorkspaceSize), whenever the variable is set; unset, it returns its default size without parsing. On the
+# H100 that is 55-63 us of the launching thread's CPU per GEMM, and a 1.1B LoRA step 1.65x slower when deterministic
+# (bench/cublas_regex_probe.py; docs/history.md, session 39). Deterministic runs must set the variable, but PyTorch
+# checks it once (Context::alertCuBLASConfigNotDeterministic caches the answer at the first cuBLAS call) and cuBLAS
+# creates each thread's handle while it is set; PyTorch then gives every handle a workspace of the size it parses.
+# On sm90 its default is 4096 KiB x 8, the size ":4096:8" asks for, so unsetting the variable after the first step
+# (every thread that runs GEMMs has made its handle) leaves the workspace and the results as they were, and the
+# steps cost what they cost in ordinary training. Elsewhere the default differs, and the variable stays.
+# bench/swap.py does the same in every side (bench/swap_models.py).
+def drop_cublas_config(device):
+    """Unsets CUBLAS_WORKSPACE_CONFIG where that keeps PyTorch's cuBLAS workspace size (Note
+    [CUBLAS_WORKSPACE_CONFIG after the first step]); call it after the first step. Returns what it did, for the
+    record."""
+    value = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if value is None:
+        return "unset"
+    if torch.device(device).type != "cuda":
+        return f"kept {value}: not a CUDA device"
+    capability = torch.cuda.get_device_capability(device)
+    if value != CUBLAS_DETERMINISTIC_WORKSPACE or capability != (9, 0):
+        return f"kept {value}: sm{capability[0]}{capability[1]}'s default workspace differs"
+    del os.environ["CUBLAS_WORKSPACE_CONFIG"]
+    return f"{value} for the first step, then unset (the same workspace: sm90's default)"
+
+
 def attention_backends(deterministic):
     """Deterministic runs keep scaled_dot_product_attention to FlashAttention (whose backward honours
     use_deterministic_algorithms) and the math fallback; other runs let PyTorch choose."""
@@ -254,10 +282,13 @@ def fmt_bytes(n):
     return f"{n} B"
 
 
-def train(cfg, *, steps, warmup, batch, seq, seed, device, deterministic=False, lr=3e-4, log=print):
+def train(cfg, *, steps, warmup, batch, seq, seed, device, deterministic=False, keep_cublas_config=False, lr=3e-4,
+          log=print):
     """Trains `steps` steps; returns a dict of losses, step times and peak memory (see --json).
     Each step is timed between two device synchronisations; the first `warmup` steps are left out of the
-    median. Bench and tests import this module and call it in a fresh process."""
+    median. A deterministic run unsets CUBLAS_WORKSPACE_CONFIG after its first step where that keeps cuBLAS's
+    workspace, unless `keep_cublas_config` (Note [CUBLAS_WORKSPACE_CONFIG after the first step]). Bench and tests
+    import this module and call it in a fresh process."""
     device = torch.device(device)
     on_cuda = device.type == "cuda"
 
@@ -280,6 +311,7 @@ def train(cfg, *, steps, warmup, batch, seq, seed, device, deterministic=False, 
         f"{'; deterministic' if deterministic else ''}")
 
     losses, times = [], []
+    cublas_config = os.environ.get("CUBLAS_WORKSPACE_CONFIG", "unset")
     model.train()
     for step, (inputs, targets) in enumerate(batches):
         sync()
@@ -298,6 +330,8 @@ def train(cfg, *, steps, warmup, batch, seq, seed, device, deterministic=False, 
             raise FloatingPointError(f"loss is {value} at step {step + 1}")
         losses.append(value)
         times.append(dt)
+        if step == 0 and deterministic and not keep_cublas_config:
+            cublas_config = drop_cublas_config(device)
         log(f"step {step + 1:3d}/{steps}  loss {value:.6f}  time {dt:.4f} s")
 
     timed = times[warmup:] if warmup < len(times) else times
@@ -311,6 +345,7 @@ def train(cfg, *, steps, warmup, batch, seq, seed, device, deterministic=False, 
         "tokens_per_step": batch * seq,
         "config": {**asdict(cfg), "batch": batch, "seq": seq, "steps": steps, "seed": seed,
                    "deterministic": deterministic, "lr": lr},
+        "cublas_workspace_config": cublas_config,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "peak_allocated": None,
@@ -393,8 +428,11 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (default 3e-4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the token stream (default 0)")
     p.add_argument("--deterministic", action="store_true",
-                   help="bit-reproducible run: deterministic algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8, "
-                        "cudnn deterministic, fixed seeds")
+                   help="bit-reproducible run: deterministic algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8 (unset "
+                        "after the first step on sm90, where that keeps cuBLAS's workspace: PyTorch 2.11 parses it "
+                        "at every GEMM), cudnn deterministic, fixed seeds")
+    p.add_argument("--keep-cublas-config", action="store_true",
+                   help="with --deterministic: keep CUBLAS_WORKSPACE_CONFIG set for every step")
     p.add_argument("--json", metavar="PATH", help="write losses, step times and peak memory to PATH")
     # Hidden: the same code path on the CPU with a tiny model, for checking this script without a GPU.
     p.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
@@ -448,8 +486,8 @@ def main(argv=None):
                   "process (is it installed? pip install .); running on PyTorch's own allocator", flush=True)
 
     result = train(cfg, steps=args.steps, warmup=args.warmup, batch=args.batch, seq=args.seq, seed=args.seed,
-                   device=device, deterministic=args.deterministic, lr=args.lr,
-                   log=lambda s: print(s, flush=True))
+                   device=device, deterministic=args.deterministic, keep_cublas_config=args.keep_cublas_config,
+                   lr=args.lr, log=lambda s: print(s, flush=True))
     if args.json:
         folder = os.path.dirname(os.path.abspath(args.json))
         os.makedirs(folder, exist_ok=True)

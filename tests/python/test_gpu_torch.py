@@ -6,8 +6,8 @@ with the environment that enables layerswap (LAYERSWAP=1, LAYERSWAP_BUDGET=...),
 status and output. Checks that measure the memory API also run on PyTorch's own allocator ("native") as a
 control: a failure there means the check, not layerswap, is wrong.
 
-  a. training: samples/train_transformer.py --deterministic gives bit-identical losses twice natively and
-     once under layerswap (the >= 1B default model);
+  a. training: samples/train_transformer.py --deterministic gives bit-identical losses twice natively (once with
+     CUBLAS_WORKSPACE_CONFIG kept set for every step) and once under layerswap (the >= 1B default model);
   b. memory_allocated/reserved/max/reset_peak/memory_stats/layerswap.stats() agree with known tensors;
   c. empty_cache() returns cached memory to the driver (mem_get_info);
   d. LAYERSWAP_BUDGET=1GiB: torch.OutOfMemoryError naming the budget, the process goes on, the cap holds (with
@@ -88,9 +88,9 @@ ALLOCATORS = [pytest.param("native", id="native-control"), pytest.param("layersw
 
 # ---- a. bitwise training equality ----------------------------------------------------------------------
 
-def train_run(tmp_path, name, env, steps=20):
+def train_run(tmp_path, name, env, steps=20, args=()):
     out = tmp_path / f"{name}.json"
-    proc = run([TRAIN, "--deterministic", "--steps", steps, "--json", out], env, timeout=300)
+    proc = run([TRAIN, "--deterministic", "--steps", steps, "--json", out, *args], env, timeout=300)
     if proc.returncode != 0 or not out.exists():
         pytest.fail(f"samples/train_transformer.py ({name}) failed\n{show(proc)}")
     return json.loads(out.read_text()), proc
@@ -104,16 +104,21 @@ def first_difference(a, b):
 
 
 def test_training_losses_bitwise_equal_with_layerswap(tmp_path):
+    # native2 keeps CUBLAS_WORKSPACE_CONFIG set for every step; native1 and layerswap unset it after the first on
+    # sm90 (the sample's Note [CUBLAS_WORKSPACE_CONFIG after the first step]): all three must agree bitwise.
     native1, _ = train_run(tmp_path, "native1", clean_env())
-    native2, _ = train_run(tmp_path, "native2", clean_env())
+    native2, _ = train_run(tmp_path, "native2", clean_env(), args=("--keep-cublas-config",))
     ls, ls_proc = train_run(tmp_path, "layerswap", clean_env(LAYERSWAP="1"))
     assert native1["params"] >= 1_000_000_000, f"the default model has only {native1['params']:,} parameters"
     assert len(native1["losses_hex"]) == 20
     assert not native1["layerswap"] and not native2["layerswap"], "a native run reports layerswap as enabled"
     assert ls["layerswap"], ("the LAYERSWAP=1 run did not run on layerswap (layerswap.is_enabled() was False "
                              f"in the sample)\n{ls_proc.stdout[-3000:]}\n{ls_proc.stderr[-3000:]}")
+    assert native2["cublas_workspace_config"] == ":4096:8", native2["cublas_workspace_config"]
+    print(f"\nCUBLAS_WORKSPACE_CONFIG: {native1['cublas_workspace_config']} (native1, layerswap); kept (native2)")
     assert native1["losses_hex"] == native2["losses_hex"], (
-        "two native --deterministic runs differ, so the baseline does not repeat and the comparison with "
+        "two native --deterministic runs differ (the second kept CUBLAS_WORKSPACE_CONFIG set, the first "
+        f"{native1['cublas_workspace_config']}), so the baseline does not repeat and the comparison with "
         f"layerswap means nothing; first difference at {first_difference(native1['losses_hex'], native2['losses_hex'])}")
     assert ls["losses_hex"] == native1["losses_hex"], (
         "layerswap's losses differ from the native ones; first difference at "

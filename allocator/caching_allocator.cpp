@@ -520,7 +520,6 @@ struct caching_allocator::impl final : detail::page_source {
   // Note [Home segments]: a segment of `pool` at the home VA of the engine's smallest spare chunk of `lo`..`hi`
   // bytes whose home lies in the arena of homes, holding that chunk; nullptr: no such spare.
   segment* home_segment_locked(stream_pool* pool, std::size_t lo, std::size_t hi);
-  void* allocate_new_home_locked(std::size_t bytes, std::size_t npages, stream_pool* pool, bool pressed);
   [[nodiscard]] bool homes_on() const noexcept { return home_arena != nullptr; }
   void release_va_locked(device_ptr va, std::size_t npages);
   // The first free run of `a` with `npages` granules, taken (0: none), and a range given back to a's free runs,
@@ -530,7 +529,7 @@ struct caching_allocator::impl final : detail::page_source {
   void set_owner_locked(device_ptr va, std::size_t npages, segment* seg);
   void release_block_locked(segment* seg, std::uint32_t block);
   // Note [Split segments]
-  void* allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool, bool idle_too = true);
+  void* allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool);
   void* allocate_spare_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool, bool homes_only);
   // The request's range from `seg`: its free range `index`, or, `whole`, the idle segment split for the first time.
   void* take_range_locked(segment* seg, std::size_t index, bool whole, std::size_t bytes, std::size_t npages);
@@ -1131,11 +1130,6 @@ void caching_allocator::impl::destroy_segment_locked(segment* seg) {
 
 // Destroys an idle segment whose streams' work is known complete (no wait): the least recently freed one, or with
 // `want` (the granules a request still lacks) the one Note [Reclaim by fit] picks.
-// What a segment is, for debug logs.
-static const char* segment_kind(const segment* seg) noexcept {
-  return seg->slab ? "slab" : seg->home ? "home segment" : seg->parts.empty() ? "segment" : "composite";
-}
-
 bool caching_allocator::impl::reclaim_fenced_locked(std::size_t want) {
   if (!idle.head) return false;
   poll_fences_locked();
@@ -1157,8 +1151,6 @@ bool caching_allocator::impl::reclaim_fenced_locked(std::size_t want) {
     if (!pick) pick = largest;
   }
   if (!pick) return false;
-  LAYERSWAP_LOG(debug, "device %d: the program reclaims an idle %s %s for %s", st.device,
-                format_bytes(pick->bytes).c_str(), segment_kind(pick), format_bytes(want << gran_shift).c_str());
   destroy_segment_locked(pick);
   ++st.num_reclaims;
   return true;
@@ -1171,7 +1163,8 @@ bool caching_allocator::impl::reclaim_one_locked(std::size_t want) {
   if (reclaim_fenced_locked(want)) return true;
   segment* seg = idle.head;
   LAYERSWAP_LOG(debug, "device %d: reclaiming an idle %s %s waits for the GPU", st.device,
-                format_bytes(seg->bytes).c_str(), segment_kind(seg));
+                format_bytes(seg->bytes).c_str(),
+                seg->slab ? "slab" : seg->home ? "home segment" : seg->parts.empty() ? "segment" : "composite");
   fence_locked(seg);
   destroy_segment_locked(seg);
   ++st.num_reclaims;
@@ -1194,11 +1187,6 @@ void* caching_allocator::impl::allocate_small_locked(std::size_t bytes, stream_p
   if (!seg) {
     const std::size_t block = size_class_bytes(cls);
     const std::size_t slab_bytes = slab_bytes_for(block, gran);
-    if (engine && log_enabled(log_level::debug)) {
-      LAYERSWAP_LOG(debug, "device %d: a small request of %s makes a slab of %s with %s of room", st.device,
-                    format_bytes(bytes).c_str(), format_bytes(slab_bytes).c_str(),
-                    format_bytes(room_now_locked() << gran_shift).c_str());
-    }
     seg = new_segment_locked(pool, slab_bytes, bytes);
     seg->slab = true;
     seg->cls = cls;
@@ -1261,19 +1249,8 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
         if (void* p = allocate_spare_split_locked(bytes, npages, pool, true)) return p;
       }
     }
-    if (!seg && engine && homes_on()) {  // Note [Weight-sized homes]
-      if (!homes_tried) {  // with room: a free range of a segment already split (a new home's) first
-        if (void* p = allocate_split_locked(bytes, npages, pool, false)) return p;
-      }
-      if (void* p = allocate_new_home_locked(bytes, npages, pool, homes_tried)) return p;
-    }
     if (!seg) {
       if (engine) {
-        if (log_enabled(log_level::debug)) {
-          LAYERSWAP_LOG(debug, "device %d: a large request of %s makes a chunk with %s of room; spares: %s",
-                        st.device, format_bytes(bytes).c_str(), format_bytes(room_now_locked() << gran_shift).c_str(),
-                        engine->describe_spares_locked().c_str());
-        }
         seg = new_chunk_segment_locked(pool, npages << gran_shift, bytes);  // the engine knows it (add_locked)
       } else {
         seg = new_segment_locked(pool, npages << gran_shift, bytes);
@@ -1375,8 +1352,7 @@ bool caching_allocator::impl::splittable_locked(const segment* seg) const noexce
   return seg->swap && !engine->host_backed_locked(seg->swap) && !engine->moving_locked(seg->swap);
 }
 
-void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool,
-                                                     bool idle_too) {
+void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool) {
   const std::size_t most = npages * options.split;
   segment* best = nullptr;
   std::size_t best_n = most + 1;
@@ -1390,7 +1366,7 @@ void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::siz
     }
   }
   // An idle segment above the reuse window, only if smaller than that range: whole ones are kept whole first.
-  const std::size_t end = idle_too ? std::min(pool->free_by_pages.size(), best_n) : 0;
+  const std::size_t end = std::min(pool->free_by_pages.size(), best_n);
   for (std::size_t n = npages + npages / 8 + 1; n < end && !whole; ++n) {
     for (segment* s = pool->free_by_pages[n].head; s; s = s->pool_hook.next) {
       if (!splittable_locked(s)) continue;
@@ -1465,55 +1441,6 @@ segment* caching_allocator::impl::home_segment_locked(stream_pool* pool, std::si
   note_new_large_locked(seg);
   ++st.num_home_segments;
   return seg;
-}
-
-// Note [Weight-sized homes]
-//   Under LAYERSWAP_RESERVE=follow the room moves between the weights and the activations twice a step (residency.cpp,
-//   Note [Following reserve]). A request that finds no idle segment, no range and no spare to take (Notes [Split
-//   segments], [Home segments], [Split spares]) used to make a chunk of its own size, mapped at a new VA: at the turn
-//   to the next forward pass a prefetch could take such a chunk only if it had the weight's size, and otherwise
-//   released it to make one of its own (the program then made it again in the forward pass). On the H100 (1.1B LoRA at
-//   25%, follow:8, LAYERSWAP_SPLIT=8, no cache reserve; a debug log, docs/history.md, session 40) the program made ~35
-//   chunks a step that way, of 4, 8 and 11 MiB, and prefetches of 22 and 126 MiB weights reclaimed ~36 such
-//   segments a step. So with home segments on, the request makes its chunk at the size of a region of the forecast
-//   instead (the smallest within LAYERSWAP_SPLIT times its own, when one is larger than the request), at a home VA
-//   from the allocator's arena (Note [Home segments]), and takes a range of it: a home segment like those a spare
-//   makes. Its other ranges serve the requests that follow, and once it is idle and fenced a prefetch of that size
-//   takes its chunk as it is (page_source::reclaim_idle_sized), with no chunk released or made; a request takes it
-//   back the same way. The calls are those of any new segment: one chunk made, mapped, given access. With room for the
-//   request but not for the larger chunk, the request makes its own as before, so that a larger chunk never costs a
-//   reclaim or an eviction that the request alone would not have made (`pressed`: there was no room for the request
-//   either, and it reclaims or evicts anyway); and with room, a request first takes a free range of a segment already
-//   split (allocate_split_locked without idle segments), so that a new home's ranges serve the requests after it.
-void* caching_allocator::impl::allocate_new_home_locked(std::size_t bytes, std::size_t npages, stream_pool* pool,
-                                                        bool pressed) {
-  const std::size_t lo = (npages + 1) << gran_shift;  // a region of the request's own size: a chunk as before
-  const std::size_t hi = (npages * options.split) << gran_shift;
-  const std::size_t size = engine->forecast_size_within_locked(lo, hi);
-  if (size == 0) return nullptr;
-  if (!pressed && room_now_locked() < (size >> gran_shift)) return nullptr;
-  const auto start = std::chrono::steady_clock::now();
-  detail::device_chunk chunk = gather_chunk_locked(size >> gran_shift, bytes, false);
-  if (!chunk.home) {
-    try {
-      engine->add_home_locked(chunk, size);
-    } catch (...) {
-      engine->give_chunk_locked(size, chunk);
-      throw;
-    }
-  }
-  if (chunk.home < home_arena->base || chunk.home - home_arena->base >= home_arena->bytes) {
-    engine->give_chunk_locked(size, chunk);  // the arena was full: a spare, homed outside it; the caller goes on
-    return nullptr;
-  }
-  segment* seg = add_segment_locked(pool, chunk.home, size, {});  // mapped there, access granted, for good
-  seg->parts.emplace_back(size, chunk);
-  seg->home = true;
-  note_new_large_locked(seg);
-  ++st.num_new_homes;
-  cache_large_locked(seg);
-  st.segment_new_ns += elapsed_ns(start);
-  return take_range_locked(seg, 0, true, bytes, npages);
 }
 
 // The range at granule `first` of a split segment is free for reuse on its pool's stream (its allocation was already
@@ -1729,8 +1656,6 @@ void caching_allocator::impl::reclaim_idle(std::size_t n) {
     for (segment* seg = idle.head; seg && room_now_locked() < n;) {
       segment* next = seg->idle_hook.next;
       if (seg->slab == slabs && reclaimable_now_locked(seg)) {  // its pages join the pool, its chunk the spares
-        LAYERSWAP_LOG(debug, "device %d: a prefetch reclaims an idle %s %s for %s", st.device,
-                      format_bytes(seg->bytes).c_str(), segment_kind(seg), format_bytes(n << gran_shift).c_str());
         destroy_segment_locked(seg);
         ++st.num_engine_reclaims;
       }
@@ -1940,7 +1865,7 @@ void caching_allocator::reset_accumulated_stats() {
   impl_->call_ticks = 0;
   impl_->st.num_reclaims = impl_->st.num_engine_reclaims = impl_->st.num_oversize_reuses = 0;
   impl_->st.num_composites = impl_->st.composite_donors = impl_->st.num_zombies_reaped = 0;
-  impl_->st.num_splits = impl_->st.num_spare_splits = impl_->st.num_home_segments = impl_->st.num_new_homes = 0;
+  impl_->st.num_splits = impl_->st.num_spare_splits = impl_->st.num_home_segments = 0;
   impl_->st.segment_new_ns = impl_->st.segment_destroy_ns = 0;
 }
 

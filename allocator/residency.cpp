@@ -530,9 +530,6 @@ struct residency_engine::impl {
   // ... guarded by `mutex`: the last forecast's regions (nullptr: not a region), the wanted set in order, one
   // group's run, and the round count that stamps the wanted set (Note [Policy rounds]).
   std::vector<swap_region*> forecast_regions;
-  std::vector<std::size_t> forecast_sizes;  // the forecast regions' sizes, ascending, distinct (Note [Weight-sized homes])
-  std::uint64_t sizes_generation = ~std::uint64_t{0};
-  std::size_t sizes_entries = 0;  // forecast_regions.size() when the sizes were taken
   std::vector<swap_region*> order_scratch;
   std::vector<swap_region*> run_scratch;
   std::uint64_t policy_round = 0;
@@ -1621,17 +1618,6 @@ struct residency_engine::impl {
       r->group = f->upcoming[i].group;
     }
     if (options.pin.any() && f->generation != pin_generation) update_pins(*f);
-    // Note [Weight-sized homes]: the sizes, once per forecast learned (a hand-set forecast may change in place).
-    if (f->generation != sizes_generation || forecast_regions.size() != sizes_entries) {
-      sizes_generation = f->generation;
-      sizes_entries = forecast_regions.size();
-      forecast_sizes.clear();
-      for (const swap_region* r : forecast_regions) {
-        if (r) forecast_sizes.push_back(r->bytes);
-      }
-      std::sort(forecast_sizes.begin(), forecast_sizes.end());
-      forecast_sizes.erase(std::unique(forecast_sizes.begin(), forecast_sizes.end()), forecast_sizes.end());
-    }
   }
 
   // LAYERSWAP_PIN: groups in step order (position of their next use within the step).
@@ -2207,30 +2193,6 @@ std::pair<std::size_t, device_chunk> residency_engine::take_homed_spare_locked(s
 std::size_t residency_engine::spare_pages_locked() const noexcept { return impl_->spare_bytes / impl_->gran; }
 
 bool residency_engine::has_spare_locked(std::size_t bytes) const noexcept { return impl_->spare_chunks.contains(bytes); }
-
-std::size_t residency_engine::forecast_size_within_locked(std::size_t lo, std::size_t hi) const noexcept {
-  const auto& sizes = impl_->forecast_sizes;
-  const auto it = std::lower_bound(sizes.begin(), sizes.end(), lo);
-  return it != sizes.end() && *it <= hi ? *it : 0;
-}
-
-void residency_engine::add_home_locked(device_chunk& chunk, std::size_t bytes) { impl_->add_home(chunk, bytes); }
-
-std::string residency_engine::describe_spares_locked() const {
-  std::string out;
-  const auto& spares = impl_->spare_chunks;
-  for (auto it = spares.rbegin(); it != spares.rend();) {
-    const std::size_t bytes = it->first;
-    std::size_t count = 0, homed = 0;
-    for (; it != spares.rend() && it->first == bytes; ++it) {
-      ++count;
-      if (it->second.home) ++homed;
-    }
-    out += (out.empty() ? "" : ", ") + std::to_string(count) + " x " + format_bytes(bytes) + " (" +
-           std::to_string(homed) + " homed)";
-  }
-  return out.empty() ? "none" : out;
-}
 
 std::size_t residency_engine::spare_within_locked(std::size_t lo, std::size_t hi) const noexcept {
   const auto it = impl_->spare_chunks.lower_bound(lo);

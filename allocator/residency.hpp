@@ -249,12 +249,6 @@ class residency_engine {
   [[nodiscard]] std::size_t chunk_pages_locked() const noexcept;
   [[nodiscard]] std::size_t spare_pages_locked() const noexcept;
   [[nodiscard]] bool has_spare_locked(std::size_t bytes) const noexcept;  // a spare chunk of exactly `bytes`
-  // Note [Weight-sized homes] (caching_allocator.cpp): the smallest size of a region in the last forecast applied
-  // within [lo, hi] bytes, 0 if none; and a home VA for a chunk that has none (mapped there, access granted).
-  [[nodiscard]] std::size_t forecast_size_within_locked(std::size_t lo, std::size_t hi) const noexcept;
-  void add_home_locked(device_chunk& chunk, std::size_t bytes);
-  // The spare chunks by size, "count x size (homed)" from the largest, for debug logs.
-  [[nodiscard]] std::string describe_spares_locked() const;
   // The bytes of the smallest spare chunk of `lo` to `hi` bytes; 0: none (caching_allocator.cpp, Note [Split spares]).
   [[nodiscard]] std::size_t spare_within_locked(std::size_t lo, std::size_t hi) const noexcept;
   // Releases spare chunks worth at least `pages` pages, or all of them (no host wait: nothing pending touches

@@ -1857,7 +1857,7 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   reuses = h.alloc.stats().num_oversize_reuses;
   composites = h.alloc.stats().num_composites;
   splits = h.alloc.stats().num_splits;
-  homes = h.alloc.stats().num_home_segments + h.alloc.stats().num_new_homes;
+  homes = h.alloc.stats().num_home_segments;
 }
 
 // Runs seeds [first, last] and checks that they swapped at all (a stress test that moves nothing proves nothing).
@@ -1934,9 +1934,7 @@ TEST(ResidencyStress, RightForecast) {
 }
 
 TEST(ResidencyStress, WrongForecast) {
-  // 24 seeds: with weight-sized homes (Note [Weight-sized homes]) seeds 101-112 alone made no oversize reuse, which
-  // the coverage check below the stress asks for (they had made one before).
-  stress_seeds(101, 124, forecast_mode::wrong, false);
+  stress_seeds(101, 112, forecast_mode::wrong, false);
 }
 
 TEST(ResidencyStress, NoForecast) {
@@ -2503,58 +2501,6 @@ TEST(Residency, HomeSegmentsServeRequestsAtASparesHomeWithNoDriverCall) {
   h.expect_clean();
   h.alloc.deallocate(a);
   c.expect_prefetch_takes_the_chunk_back(creates);
-}
-
-// Note [Weight-sized homes]: with home segments on, a request that must make a chunk makes it at the size of a forecast
-// region (the smallest above its own, within LAYERSWAP_SPLIT times it) at a home VA, and takes a range of it; the next
-// request takes the rest with no driver call; freed, the segment is idle whole and serves a request of the region's
-// size as it is, and empty_cache() lets it go with its chunk.
-TEST(Residency, NewChunksTakeAForecastRegionsSizeAtAHome) {
-  split_on on;
-  fixed_forecast f;  // outlives the allocator
-  harness h(24 * MiB);
-  void* w = h.written(8 * MiB, 0x31);
-  void* fill = h.written(4 * MiB, 0x32);
-  h.alloc.set_forecast_source(&f);
-  f.set({harness::id_of(w)});  // a region of 8 MiB in the forecast
-  h.alloc.residency_tick();    // a policy round applies it
-  ASSERT_EQ(h.alloc.residency_of(w), region_residency::device);
-  const std::size_t creates = h.sim.num_creates(), maps = h.sim.num_maps();
-  auto* a = static_cast<char*>(h.alloc.allocate(2 * MiB, h.s1));
-  ASSERT_NE(a, nullptr);
-  EXPECT_EQ(h.alloc.stats().num_new_homes, 1);
-  EXPECT_EQ(h.sim.num_creates(), creates + 1) << "one chunk, of the region's size";
-  EXPECT_EQ(h.alloc.stats().large.reserved_bytes.current, static_cast<std::int64_t>(20 * MiB))
-      << "the new chunk is not 8 MiB";
-  const std::size_t maps_after = h.sim.num_maps();
-  EXPECT_EQ(maps_after, maps + 1) << "mapped once, at its home";
-  auto* b = static_cast<char*>(h.alloc.allocate(2 * MiB, h.s1));
-  EXPECT_EQ(b, a + 2 * MiB) << "the next request takes the home's next range";
-  EXPECT_EQ(h.sim.num_creates(), creates + 1);
-  EXPECT_EQ(h.sim.num_maps(), maps_after);
-  h.write(h.s1, a, 2 * MiB, 0x41);
-  h.write(h.s1, b, 2 * MiB, 0x42);
-  EXPECT_TRUE(h.holds(a, 2 * MiB, 0x41));
-  EXPECT_TRUE(h.holds(b, 2 * MiB, 0x42));
-  EXPECT_TRUE(h.holds(w, 8 * MiB, 0x31));
-  h.expect_clean();
-  h.alloc.deallocate(a);
-  h.alloc.deallocate(b);
-  h.sim.run_all();
-  auto* c = static_cast<char*>(h.alloc.allocate(8 * MiB, h.s1));
-  EXPECT_EQ(c, a) << "the idle home serves a request of its size whole";
-  EXPECT_EQ(h.sim.num_creates(), creates + 1);
-  EXPECT_EQ(h.sim.num_maps(), maps_after);
-  h.write(h.s1, c, 8 * MiB, 0x43);
-  EXPECT_TRUE(h.holds(c, 8 * MiB, 0x43));
-  h.alloc.deallocate(c);
-  h.sim.run_all();
-  h.alloc.empty_cache();  // the segment and its chunk go, as any idle segment's
-  EXPECT_EQ(h.alloc.residency().spare_bytes, 0);
-  EXPECT_EQ(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(12 * MiB)) << "a chunk was left behind";
-  h.expect_clean();
-  for (void* p : {w, fill}) h.alloc.deallocate(p);
-  h.sim.run_all();
 }
 
 // Note [Home segments]: a home segment's chunk becomes a spare again only once its stream is past the segment's last

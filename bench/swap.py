@@ -73,6 +73,8 @@ import threading
 import time
 import traceback
 
+from step_phases import median_phases  # torch-free: the workers' phases, pooled here too
+
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
 
@@ -1255,8 +1257,7 @@ def lockstep_medians(record, warmup):
         record["median_tail_s"] = statistics.median(tails)
     phases = after_own_steps(record.get("phase_times_s"), warmup, first)
     if phases:
-        import swap_models as sm
-        record["median_phase_s"] = sm.median_phases(phases)
+        record["median_phase_s"] = median_phases(phases)
     starts = sorted(i for i in first if i >= warmup)
     record["lockstep"]["blocks"] = [times[a:b] for a, b in zip(starts, starts[1:] + [len(times)])]
     record["lockstep"]["continuous_steps"] = len(cont)
@@ -1280,8 +1281,7 @@ def pooled_phases(records):
         tr = r.get("train") or {}
         first = set((tr.get("lockstep") or {}).get("first_after_pause") or [])
         steps += after_own_steps(tr.get("phase_times_s"), tr.get("warmup") or 0, first)
-    import swap_models as sm
-    return sm.median_phases(steps) if steps else None
+    return median_phases(steps) if steps else None
 
 
 class GpuProfile:
@@ -2034,20 +2034,21 @@ def empty_case(case, fraction, error):
 def fill_layerswap(c, ls, resident, timing=None):
     """The layerswap side's figures in case `c`. The resident_* figures (phases, threads, steal) come from `timing`,
     the resident run that ran beside it (interleaved), else from `resident`; the losses are compared with `resident`."""
-    timing = timing or resident
+    train = ls.get("train") or {}
+    train_resident = (timing or resident).get("train") or {}
     c["step_s"] = median_step(ls)
     # Where the step's time goes: the launching thread against the device; the tail: work on other streams.
     for key in ("median_issue_s", "median_cpu_s", "median_tail_s", "median_phase_s"):
-        c[key.replace("median_", "")] = (ls.get("train") or {}).get(key)
-        c["resident_" + key.replace("median_", "")] = (timing.get("train") or {}).get(key)
+        c[key.replace("median_", "")] = train.get(key)
+        c["resident_" + key.replace("median_", "")] = train_resident.get(key)
     # Every thread's CPU per timed step (the autograd thread launches the backward; layerswap's own threads).
-    c["threads_per_step"] = (ls.get("train") or {}).get("threads_per_step")
-    c["resident_threads_per_step"] = (timing.get("train") or {}).get("threads_per_step")
-    c["steal_s_per_step"] = (ls.get("train") or {}).get("steal_s_per_step")
-    c["steal_s_per_step_by_thread"] = (ls.get("train") or {}).get("steal_s_per_step_by_thread")
-    c["resident_steal_s_per_step_by_thread"] = (timing.get("train") or {}).get("steal_s_per_step_by_thread")
-    c["pinned_threads"] = (ls.get("train") or {}).get("pinned_threads")  # {thread: core} under --pin-threads
-    c["resident_steal_s_per_step"] = (timing.get("train") or {}).get("steal_s_per_step")
+    c["threads_per_step"] = train.get("threads_per_step")
+    c["resident_threads_per_step"] = train_resident.get("threads_per_step")
+    c["steal_s_per_step"] = train.get("steal_s_per_step")
+    c["steal_s_per_step_by_thread"] = train.get("steal_s_per_step_by_thread")
+    c["resident_steal_s_per_step_by_thread"] = train_resident.get("steal_s_per_step_by_thread")
+    c["pinned_threads"] = train.get("pinned_threads")  # {thread: core} under --pin-threads
+    c["resident_steal_s_per_step"] = train_resident.get("steal_s_per_step")
     c["error"] = ls.get("error")
     if ls.get("output_tail"):
         c["output_tail"] = ls["output_tail"]
@@ -2067,7 +2068,7 @@ def fill_layerswap(c, ls, resident, timing=None):
     c["peak_vram_bytes"] = ls.get("peak_reserved")
     c["peak_allocated_bytes"] = ls.get("peak_allocated")
     c["losses_bitwise_equal"], c["first_differing_step"] = compare_losses(resident, ls)
-    c["steps_run"] = len((ls.get("train") or {}).get("losses_hex") or [])
+    c["steps_run"] = len(train.get("losses_hex") or [])
     if c["step_s"] and c["bound_s"]:
         c["step_over_bound"] = c["step_s"] / c["bound_s"]
 

@@ -45,6 +45,7 @@ from torch import nn
 # The training sample's deterministic setup, SDPA backends and token batches serve here too (one definition).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "samples"))
 import train_transformer as sample  # noqa: E402
+from step_phases import median_phases  # noqa: E402  (torch-free: bench/swap.py's parent pools phases too)
 
 CASES = ("llama-lora", "llama-full", "unet")
 
@@ -599,26 +600,10 @@ def note_timed_window(start, end):
             f.write(f"{os.getpid()} {start:.6f} {end:.6f}\n")
 
 
-PHASES = ("forward", "backward", "optimizer")  # a step's phases, in the order of train()'s phase_times_s entries
-
-
-# The rule that unsets CUBLAS_WORKSPACE_CONFIG after each side's first step is the sample's (Note [CUBLAS_WORKSPACE_CONFIG
-# after the first step] in samples/train_transformer.py), so that the benchmark and the sample's deterministic runs
-# keep one definition of it.
+# The rule that unsets CUBLAS_WORKSPACE_CONFIG after each side's first step is the sample's (Note
+# [CUBLAS_WORKSPACE_CONFIG after the first step] in samples/train_transformer.py), so that the benchmark and the
+# sample's deterministic runs keep one definition of it.
 drop_cublas_config = sample.drop_cublas_config
-
-
-def median_phases(steps):
-    """{phase: [median wall, median main-thread CPU, median autograd-thread CPU or None]} over `steps`, a list of
-    train()'s phase_times_s entries."""
-    out = {}
-    for k, name in enumerate(PHASES):
-        values = []
-        for j in (0, 1, 2):
-            xs = [p[k][j] for p in steps if len(p[k]) > j and p[k][j] is not None]
-            values.append(statistics.median(xs) if xs else None)
-        out[name] = values
-    return out
 
 
 def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
@@ -708,8 +693,10 @@ def train(built, cfg, *, after_step=None, record=None, meter=None, log=print):
         log(f"step {step + 1:3d}/{len(built.batches)}  loss {value:.6f}  time {dt:.4f} s")
         if after_step is not None:
             after_step(step)
-        if step == 0 and on_cuda and not cfg.keep_cublas_config:
-            record["cublas_workspace_config"] = drop_cublas_config(device)
+        if step == 0 and on_cuda:
+            record["cublas_workspace_config"] = (
+                f"kept {os.environ.get('CUBLAS_WORKSPACE_CONFIG', 'unset')}: --keep-cublas-config"
+                if cfg.keep_cublas_config else drop_cublas_config(device))
     warmup = min(cfg.warmup, max(0, len(times) - 1))
     timed = times[warmup:]
     note_timed_window(window_start, time.monotonic())

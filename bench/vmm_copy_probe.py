@@ -46,6 +46,16 @@ MIB = 1 << 20
 LOADS = ("none", "h2d", "d2h", "both", "gemm", "tiny", "d2h_blocked", "d2d", "d2h_sm", "h2d_sm", "h2d_sm16")
 
 
+def cuda_view(pinned, shape, typestr, loads):
+    """Pinned host tensor `pinned` as a CUDA tensor of `shape` words of `typestr` (zero-copy, through its device
+    pointer), for a kernel to read or write; None, with a line saying that `loads` are skipped, where torch refuses."""
+    try:
+        return torch.as_tensor(CudaArray(pinned.data_ptr(), shape, typestr), device="cuda")
+    except Exception as e:  # noqa: BLE001 - a torch that refuses a host pointer: the rows are left out
+        print(f"{loads}: torch would not view pinned host memory as a CUDA tensor ({e}); skipped")
+        return None
+
+
 def triton_copy(programs):
     """A copy kernel of `programs` Triton programs (one SM each), each striding over the words in 16 KiB blocks; None
     without Triton."""
@@ -86,19 +96,11 @@ class Load:
         self.copy_bytes = n
         self.s3 = torch.cuda.Stream()
         self.dev3 = torch.empty(n, dtype=torch.uint8, device="cuda")
-        # The pinned buffer seen as a CUDA tensor (zero-copy, through its device pointer), for a kernel to write.
-        try:
-            self.host_view = torch.as_tensor(CudaArray(self.host2.data_ptr(), (n,), "|u1"), device="cuda")
-        except Exception as e:  # noqa: BLE001 - a torch that refuses a host pointer: the row is left out
-            print(f"d2h_sm: torch would not view pinned host memory as a CUDA tensor ({e}); that load is skipped")
-            self.host_view = None
-        # The h2d copies' pinned source seen the same way, as 32-bit words, for a kernel to read (16-byte loads).
-        try:
-            self.src_view = torch.as_tensor(CudaArray(self.host.data_ptr(), (n // 4,), "<i4"), device="cuda")
-            self.dev_words = self.dev.view(torch.int32)
-        except Exception as e:  # noqa: BLE001
-            print(f"h2d_sm: torch would not view pinned host memory as a CUDA tensor ({e}); those loads are skipped")
-            self.src_view = None
+        # The pinned buffer seen as a CUDA tensor (zero-copy, through its device pointer), for a kernel to write; and
+        # the h2d copies' pinned source seen the same way, as 32-bit words, for a kernel to read (16-byte loads).
+        self.host_view = cuda_view(self.host2, (n,), "|u1", "d2h_sm")
+        self.src_view = cuda_view(self.host, (n // 4,), "<i4", "h2d_sm and h2d_sm16")
+        self.dev_words = self.dev.view(torch.int32)
         self.sm16 = triton_copy(16) if self.src_view is not None else None
         if self.sm16 is not None:  # compiled here, not inside a round's timing; checked once
             self.host.random_(0, 256)

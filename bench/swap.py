@@ -726,11 +726,14 @@ def self_test_interleave():
                      ["--interleave", "2", "--variant", "a:X"], ["--interleave", "2", "--variant", "a:1X=2"],
                      ["--interleave", "2", "--variant", "a b:X=1"], ["--interleave", "2", "--variant", "a:X=1,"],
                      ["--interleave", "2", "--variant", "a:X=1", "--variant", "a:Y=2"],
+                     ["--interleave", "2", "--variant", "a:first,X=1"], ["--interleave", "2", "--variant", "a:X=1,,y"],
                      ["--interleave", "2", "--sides", "block_swap", "--variant", "a:X=1"])
-    ok = parse_args(["--interleave", "2", "--variant", "a:X=", "--variant", "b-2:X=1,Y_Z=q=r"]).variant
-    assert ok == [("a", {"X": ""}), ("b-2", {"X": "1", "Y_Z": "q=r"})], ok
+    ok = parse_args(["--interleave", "2", "--variant", "a:X=", "--variant", "b-2:X=1,Y_Z=q=r",
+                     "--variant", "c:P=first:1,last:1,Q=2,R=a,b"]).variant
+    assert ok == [("a", {"X": ""}), ("b-2", {"X": "1", "Y_Z": "q=r"}),
+                  ("c", {"P": "first:1,last:1", "Q": "2", "R": "a,b"})], ok
     import lockstep
-    return 22 + lockstep.self_test()
+    return 24 + lockstep.self_test()
 
 
 def self_test_processes():
@@ -2277,6 +2280,20 @@ def print_table(res):
 # Command line
 # ---------------------------------------------------------------------------------------------------------
 
+def variant_pairs(text):
+    """A --variant's VAR=VALUE list, split at commas; a piece with no '=' belongs to the value before it, so that a
+    value may hold commas (LAYERSWAP_PIN=first:1,last:1). An empty piece, or a first one with no '=', is left
+    without '=' for the caller to refuse."""
+    pairs = []
+    for piece in text.split(","):
+        if piece and "=" not in piece and pairs:
+            var, eq, value = pairs[-1]
+            pairs[-1] = (var, eq, value + "," + piece)
+        else:
+            pairs.append(piece.partition("="))
+    return pairs
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="layerswap's swapping benchmark (issue 4): layerswap at budgets of "
                                             "50/25/10% against the resident run, the PCIe bound and two peers")
@@ -2324,7 +2341,8 @@ def parse_args(argv=None):
                    help="with --interleave: another layerswap side at each fraction, with these variables added to its "
                         "environment (any variable: a LAYERSWAP_ setting, or PYTHONPATH for another build), taking "
                         "turns with the others; reported per case under 'variants', against the resident and the "
-                        "default layerswap side cycle by cycle (repeatable: one side each)")
+                        "default layerswap side cycle by cycle (repeatable: one side each); a piece with no '=' goes "
+                        "on the value before it (LAYERSWAP_PIN=first:1,last:1)")
     p.add_argument("--worker-timeout", type=int, default=None, help="seconds allowed to one worker (default 180; "
                                                                      "120 with --quick)")
     p.add_argument("--resident-again", action=argparse.BooleanOptionalAction, default=True,
@@ -2392,12 +2410,12 @@ def parse_args(argv=None):
     variants = []
     for item in args.variant:
         name, sep, rest = item.partition(":")
-        pairs = [x.partition("=") for x in rest.split(",")] if sep and rest else []
+        pairs = variant_pairs(rest) if sep and rest else []
         if (not name or not all(ch.isalnum() or ch in "_.-" for ch in name) or not pairs
                 or any(not eq or not var or not (var[0].isalpha() or var[0] == "_")
                        or not all(ch.isalnum() or ch == "_" for ch in var) for var, eq, _ in pairs)):
-            p.error(f"--variant takes NAME:VAR=VALUE[,VAR=VALUE...] (NAME of letters, digits, '_', '.', '-'), not "
-                    f"{item!r}")
+            p.error(f"--variant takes NAME:VAR=VALUE[,VAR=VALUE...] (NAME of letters, digits, '_', '.', '-'; a piece "
+                    f"with no '=' goes on the value before it, as in LAYERSWAP_PIN=first:1,last:1), not {item!r}")
         if name in (n for n, _ in variants):
             p.error(f"--variant {name!r} is given twice")
         variants.append((name, {var: value for var, _, value in pairs}))

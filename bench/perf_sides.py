@@ -17,6 +17,8 @@ import collections
 import json
 import sys
 
+from swap import interleave_cycles  # torch-free: the benchmark's parent
+
 ROLES = {"pt_autograd_0": "autograd", "layerswap-move": "move", "layerswap-learn": "learn"}
 
 
@@ -41,13 +43,12 @@ def side_pids(swap):
 
 
 def timed_steps(swap):
+    """The timed steps each interleaved process ran (bench/swap.py's interleave_cycles), or None."""
     s = swap.get("settings", {})
     cycles, block = s.get("interleave_cycles"), s.get("interleave_block")
-    steps = s.get("steps")
-    # bench/swap.py runs at least --steps - warm-up timed steps in cycles of `block`.
     if cycles and block:
-        cycles = max(cycles, -(-(steps - s.get("warmup", 0)) // block)) if steps else cycles
-        return cycles * block
+        steps = s.get("steps")
+        return (interleave_cycles(cycles, steps, s.get("warmup", 0), block) if steps else cycles) * block
     return None
 
 

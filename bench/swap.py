@@ -1733,6 +1733,12 @@ def steal_notes(res):
     return notes
 
 
+def interleave_cycles(cycles, steps, warmup, block):
+    """The cycles an interleaved side runs: --interleave's, or more, so that it makes at least --steps steps and
+    the losses compare over as many as the resident run alone made (bench/perf_sides.py counts timed steps by it)."""
+    return max(cycles, -(-(steps - warmup) // block))
+
+
 def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, sides, cuda, peer_cases):
     """--interleave N: the model's sides (the resident run again, layerswap at each fraction, the peers at the peer
     fraction) run as live processes that take turns, --block steps each, in N cycles of rotating order
@@ -1741,8 +1747,7 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
     timed steps that followed a step of its own (lockstep_medians), and the resident step is the interleaved
     resident's. Each case also gets paired ratios: per cycle, the median of the side's block against the median of
     the resident's block of the same cycle, and their median (`interleave`)."""
-    # At least --steps steps, so that the losses compare over as many as the resident run alone made.
-    cycles = max(args.interleave, -(-(args.steps - args.warmup) // args.block))
+    cycles = interleave_cycles(args.interleave, args.steps, args.warmup, args.block)
     cfg = dict(run_cfg, steps=args.warmup + cycles * args.block)
     members = [{"key": "resident", "side": "resident", "run_cfg": cfg, "tag": f"{case} resident"}]
     for c, f, budget in cases:

@@ -148,6 +148,18 @@
 //   start the prefetches take back 1.5-2 GB of idle activation segments of other sizes (1.3-1.4x the resident
 //   step against 1.1x by default).
 //
+// Note [Split bound]
+//   The free ranges of a split segment are device memory in no allocation that the policy cannot use: the segment is
+//   live (memory that cannot move) until its last range is freed. Left unbounded they starve it: on the H100 at 10% of
+//   full fine-tuning's parameter bytes (LAYERSWAP_SPLIT=8, no cache reserve; docs/history.md, session 41) the
+//   optimizer's ranges held segments 8x their size over ~15 steps, until the prefetches moved 0.06-0.7 GB a step
+//   instead of 5.9 (hit rate 0.80) and the step took 1.44-1.49x the default's. So the allocator counts the granules in
+//   free ranges (split_free_pages; verify() recounts them), and a split that takes a whole segment (an idle one, a
+//   spare or a home) is refused when those would then exceed LAYERSWAP_SPLIT_FREE (12.5% of the budget by default);
+//   the request then reclaims and makes a segment as without LAYERSWAP_SPLIT. A free range of a segment already
+//   split is always taken: that lowers the count. With the bound at an eighth of the budget (session 41's dev patch)
+//   full fine-tuning at 10% went from 1.40x to 0.94x the default, and the UNet at 25% kept its split gain (0.77x).
+//
 // Note [Reclaim by fit]
 //   A request that finds no room reclaims idle segments whose work the GPU has finished (fenced), one at a time, until
 //   the room covers it. Least recently freed first (LAYERSWAP_RECLAIM=oldest) destroys whatever is oldest: on the
@@ -407,6 +419,17 @@ struct caching_allocator::impl final : detail::page_source {
   std::unordered_set<segment*> segments;
   idle_list idle;
   std::vector<phys_handle> idle_pages;  // unmapped, no pending work, counted in device_bytes
+  // Note [Split bound]: the granules in free ranges of split segments, and the most that may be there after a split
+  // that takes a whole segment (options.split_free in granules).
+  std::size_t split_free_pages = 0;
+  [[nodiscard]] std::size_t split_free_cap() const noexcept {
+    constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+    return options.budget == 0 || options.split_free == none ? none : options.split_free >> gran_shift;
+  }
+  [[nodiscard]] bool split_leaves_room_locked(std::size_t seg_n, std::size_t npages) const noexcept {
+    const std::size_t cap = split_free_cap();
+    return split_free_pages <= cap && seg_n - npages <= cap - split_free_pages;
+  }
   std::vector<pending_free> pending;
   std::unordered_map<device_ptr, std::vector<stream_handle>> recorded;
   std::vector<event_handle> spare_events;
@@ -1367,7 +1390,7 @@ void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::siz
   }
   // An idle segment above the reuse window, only if smaller than that range: whole ones are kept whole first.
   const std::size_t end = std::min(pool->free_by_pages.size(), best_n);
-  for (std::size_t n = npages + npages / 8 + 1; n < end && !whole; ++n) {
+  for (std::size_t n = npages + npages / 8 + 1; n < end && !whole && split_leaves_room_locked(n, npages); ++n) {
     for (segment* s = pool->free_by_pages[n].head; s; s = s->pool_hook.next) {
       if (!splittable_locked(s)) continue;
       best = s, best_n = n, whole = true;
@@ -1385,6 +1408,7 @@ void* caching_allocator::impl::take_range_locked(segment* best, std::size_t inde
     pool->free_by_pages[best->npages()].erase(best);
     idle.erase(best);
     best->ranges.push_back({0, static_cast<std::uint32_t>(best->npages()), 0, range_state::free});
+    split_free_pages += best->npages();
     best->split_slot = static_cast<std::uint32_t>(pool->split.size());
     pool->split.push_back(best);
     best->live = true;
@@ -1392,6 +1416,7 @@ void* caching_allocator::impl::take_range_locked(segment* best, std::size_t inde
   }
   split_range& r = best->ranges[index];
   const split_range taken{r.first, static_cast<std::uint32_t>(npages), bytes, range_state::live};
+  split_free_pages -= npages;
   if (r.n > npages) {
     r.first += static_cast<std::uint32_t>(npages);
     r.n -= static_cast<std::uint32_t>(npages);
@@ -1416,7 +1441,12 @@ void* caching_allocator::impl::take_range_locked(segment* best, std::size_t inde
 void* caching_allocator::impl::allocate_spare_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool,
                                                            bool homes_only) {
   const std::size_t lo = (npages + npages / 8 + 1) << gran_shift;
-  const std::size_t hi = (npages * options.split) << gran_shift;
+  std::size_t hi = (npages * options.split) << gran_shift;
+  if (const std::size_t cap = split_free_cap(); cap != std::numeric_limits<std::size_t>::max()) {  // [Split bound]
+    if (split_free_pages >= cap) return nullptr;
+    hi = std::min(hi, (npages + (cap - split_free_pages)) << gran_shift);
+    if (hi < lo) return nullptr;
+  }
   segment* seg = home_segment_locked(pool, lo, hi);
   if (!seg) {
     if (homes_only) return nullptr;
@@ -1453,6 +1483,7 @@ void caching_allocator::impl::release_range_locked(segment* seg, std::uint32_t f
   count(false, &pool_stats::active_bytes, -static_cast<std::int64_t>(std::size_t{it->n} << gran_shift));
   it->state = range_state::free;
   it->requested = 0;
+  split_free_pages += it->n;
   if (auto next = std::next(it); next != ranges.end() && next->state == range_state::free) {
     it->n += next->n;
     it = std::prev(ranges.erase(next));
@@ -1465,6 +1496,7 @@ void caching_allocator::impl::release_range_locked(segment* seg, std::uint32_t f
   }
   if (ranges.size() != 1 || ranges.front().state != range_state::free) return;
   // The last allocation: the segment is whole and idle again.
+  split_free_pages -= seg->npages();
   ranges.clear();
   stream_pool* pool = seg->pool;
   segment* moved = pool->split.back();
@@ -1993,6 +2025,7 @@ void caching_allocator::verify() const {
   auto fail = [](const std::string& what) { throw error("layerswap: allocator invariant violated: " + what); };
   std::int64_t mapped_small = 0, mapped_large = 0, alloc_small = 0, alloc_large = 0, req = 0, live_count = 0;
   std::int64_t pending_blocks = 0;
+  std::size_t split_free = 0;  // free ranges' granules, against split_free_pages (Note [Split bound])
   std::vector<std::pair<device_ptr, device_ptr>> ranges;
   for (const segment* s : m.segments) {
     if (s->bytes != s->npages() * m.gran || s->bytes == 0) fail("segment size does not match its granules");
@@ -2059,6 +2092,7 @@ void caching_allocator::verify() const {
             if (r.requested > (std::size_t{r.n} << m.gran_shift)) fail("a split range is smaller than its request");
           }
           any |= r.state != range_state::free;
+          if (r.state == range_state::free) split_free += r.n;
         }
         if (next != s->npages()) fail("a split segment's ranges do not cover it");
         if (!any) fail("a split segment has no allocation");
@@ -2080,6 +2114,7 @@ void caching_allocator::verify() const {
       if (s->idle_hook.linked != (!s->live && !pending)) fail("large idle-list membership is wrong");
     }
   }
+  if (split_free != m.split_free_pages) fail("the split segments' free granules are miscounted");
   std::sort(ranges.begin(), ranges.end());
   for (std::size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].first < ranges[i - 1].second) fail("two segments overlap");

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -33,6 +34,9 @@ struct allocator_options {
   // LAYERSWAP_SPLIT: Note [Split segments] in caching_allocator.cpp (residency only): 0 = off, else the most times
   // its size a segment is that a large request takes a range of.
   std::size_t split = 0;
+  // LAYERSWAP_SPLIT_FREE: Note [Split bound] in caching_allocator.cpp: the most bytes split segments' free ranges may
+  // hold after a split that takes a whole segment (only under a budget); the maximum = no bound.
+  std::size_t split_free = std::numeric_limits<std::size_t>::max();
   bool reclaim_fit = true;  // LAYERSWAP_RECLAIM: Note [Reclaim by fit] in caching_allocator.cpp; false = oldest first
   residency_options residency;                    // swapping (allocator/residency.hpp); off by default
 };

@@ -105,6 +105,7 @@ caching_allocator& allocator_for(int device) {
   opts.oversize = cfg.oversize;
   opts.composites = cfg.composites;
   opts.split = cfg.split;
+  if (cfg.split_free.is_set()) opts.split_free = cfg.split_free.resolve(opts.budget);  // Note [Split bound]
   opts.reclaim_fit = cfg.reclaim_fit;
   // Swapping (allocator/residency.hpp): the engine runs when layerswap is on; its thread only under a budget, and
   // it moves regions only while the launch tracker feeds the residency gate.

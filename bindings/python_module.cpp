@@ -200,6 +200,7 @@ PYBIND11_MODULE(_C, m) {
     char oversize[32];
     out["LAYERSWAP_OVERSIZE"] = std::string(oversize, std::to_chars(oversize, oversize + sizeof oversize, c.oversize).ptr);
     out["LAYERSWAP_CACHE_RESERVE"] = cache_reserve_text(c);
+    out["LAYERSWAP_SPLIT_FREE"] = c.split_free.to_string();
     out["LAYERSWAP_RESERVE"] = reserve_text(c);
     out["LAYERSWAP_PROGRAM_FIRST"] = c.program_first ? "1" : "0";
     return out;

@@ -27,7 +27,7 @@ namespace {
 enum row : std::size_t {
   row_enable, row_budget, row_log, row_stats, row_va_reserve, row_track, row_track_api, row_trace,
   row_prefetch, row_pin, row_host_limit, row_hold, row_writeback, row_oversize, row_cache_reserve,
-  row_composites, row_split, row_reclaim, row_reserve, row_program_first, row_count
+  row_composites, row_split, row_split_free, row_reclaim, row_reserve, row_program_first, row_count
 };
 
 constexpr setting_info k_settings[row_count] = {
@@ -86,6 +86,10 @@ constexpr setting_info k_settings[row_count] = {
      "Experimental: when the budget has no room for a new large segment, serve a large allocation from a range of a "
      "larger segment its stream freed, as PyTorch splits cached blocks: at most 4 times its size with 1, at most N "
      "times with N (0: reclaim segments of other sizes and make a new one)"},
+    {"LAYERSWAP_SPLIT_FREE", "12.5%", "a percentage of the budget such as 12.5%, a size such as 512MiB, or none",
+     "With LAYERSWAP_SPLIT: the most device memory the free ranges of split segments may hold (room the swapping "
+     "policy cannot use) after a split that takes a whole segment; past it the request makes a segment of its own "
+     "(none: no bound)"},
     {"LAYERSWAP_RECLAIM", "fit", "fit or oldest",
      "Which idle segment a request that finds no room destroys first: fit, the smallest one that covers what it lacks "
      "(else the largest), so that big segments stay for big requests; oldest, the least recently freed"},
@@ -493,6 +497,7 @@ std::string config::describe() const {
   line(row_cache_reserve, cache_reserve_text(*this), "  (default)");
   line(row_composites, composites ? "1" : "0", "  (default)");
   line(row_split, split == 0 ? "0" : std::to_string(split), "  (default)");
+  line(row_split_free, split_free.to_string(), "  (default)");
   line(row_reclaim, reclaim_fit ? "fit" : "oldest", "  (default)");
   line(row_reserve, reserve_text(*this), "  (default)");
   line(row_program_first, program_first ? "1" : "0", "  (default)");
@@ -593,6 +598,10 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
       reject(k_settings[row_split].name, *split, "is not 0, 1 or a whole number from 2 to 1024",
              k_settings[row_split].accepted);
     }
+  }
+  if (const auto free = given(row_split_free)) {
+    result.split_free = iequals(trim(*free), "none") ? size_setting{}
+                                                      : parse_size(k_settings[row_split_free].name, *free, true);
   }
 
   if (const auto reserve = given(row_va_reserve)) {

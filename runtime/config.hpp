@@ -82,6 +82,9 @@ struct config {
   // segment (caching_allocator.cpp, Note [Split segments]): 0 = off (the default, experimental), else the most times
   // the request's size that segment may be (on = 4).
   std::uint32_t split = 0;
+  // LAYERSWAP_SPLIT_FREE: the most the free ranges of split segments may hold after a split that takes a whole
+  // segment (caching_allocator.cpp, Note [Split bound]): a percentage of the budget or a size; unset = no bound.
+  size_setting split_free{size_setting::kind::percent, 12.5};
   // LAYERSWAP_RECLAIM: which idle segment a request without room destroys first (caching_allocator.cpp, Note
   // [Reclaim by fit]): the smallest that covers it (fit, the default) or the least recently freed (oldest).
   bool reclaim_fit = true;

@@ -64,7 +64,7 @@ std::string config_error_of(const vars& v) {
 
 TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
   const auto table = settings_table();
-  ASSERT_EQ(table.size(), 20u);
+  ASSERT_EQ(table.size(), 21u);
   std::vector<std::string> names;
   for (const auto& info : table) {
     names.emplace_back(info.name);
@@ -76,7 +76,7 @@ TEST(SettingsTable, HasEveryRowOnceWithHelpAndDefaults) {
                                              "LAYERSWAP_PREFETCH", "LAYERSWAP_PIN", "LAYERSWAP_HOST_LIMIT", "LAYERSWAP_HOLD",
                                              "LAYERSWAP_WRITEBACK", "LAYERSWAP_OVERSIZE",
                                              "LAYERSWAP_CACHE_RESERVE", "LAYERSWAP_COMPOSITES", "LAYERSWAP_SPLIT",
-                                             "LAYERSWAP_RECLAIM", "LAYERSWAP_RESERVE", "LAYERSWAP_PROGRAM_FIRST"}));
+                                             "LAYERSWAP_SPLIT_FREE", "LAYERSWAP_RECLAIM", "LAYERSWAP_RESERVE", "LAYERSWAP_PROGRAM_FIRST"}));
   EXPECT_STREQ(row("LAYERSWAP").default_value, "0");
   EXPECT_STREQ(row("LAYERSWAP_BUDGET").default_value, "none");
   EXPECT_STREQ(row("LAYERSWAP_LOG").default_value, "warn");
@@ -547,6 +547,7 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_CACHE_RESERVE=auto  (default)\n"
             "LAYERSWAP_COMPOSITES=0  (default)\n"
             "LAYERSWAP_SPLIT=0  (default)\n"
+            "LAYERSWAP_SPLIT_FREE=12.5%  (default)\n"
             "LAYERSWAP_RECLAIM=fit  (default)\n"
             "LAYERSWAP_RESERVE=peak  (default)\n"
             "LAYERSWAP_PROGRAM_FIRST=1  (default)\n");
@@ -576,6 +577,7 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_CACHE_RESERVE=auto  (default)\n"
             "LAYERSWAP_COMPOSITES=0  (default)\n"
             "LAYERSWAP_SPLIT=0  (default)\n"
+            "LAYERSWAP_SPLIT_FREE=12.5%  (default)\n"
             "LAYERSWAP_RECLAIM=fit  (default)\n"
             "LAYERSWAP_RESERVE=peak  (default)\n"
             "LAYERSWAP_PROGRAM_FIRST=1  (default)\n"
@@ -764,6 +766,22 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
     const std::string why = config_error_of(vars{{"LAYERSWAP_SPLIT", bad}});
     EXPECT_NE(why.find("LAYERSWAP_SPLIT"), std::string::npos) << bad << ": " << why;
     EXPECT_NE(why.find("2 to 1024"), std::string::npos) << bad << ": " << why;
+  }
+  // Note [Split bound]: a percentage of the budget by default, a size, or none.
+  EXPECT_EQ(parse_config(vars{}).split_free.how, size_setting::kind::percent);
+  EXPECT_EQ(parse_config(vars{}).split_free.value, 12.5);
+  EXPECT_EQ(parse_config(vars{}).split_free.resolve(std::size_t{8} << 30), std::size_t{1} << 30);
+  EXPECT_FALSE(parse_config(vars{{"LAYERSWAP_SPLIT_FREE", " None "}}).split_free.is_set());
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT_FREE", "512MiB"}}).split_free.resolve(std::size_t{8} << 30),
+            std::size_t{512} << 20);
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT_FREE", "25%"}}).split_free.resolve(std::size_t{8} << 30),
+            std::size_t{2} << 30);
+  EXPECT_NE(parse_config(vars{{"LAYERSWAP_SPLIT_FREE", "none"}}).describe().find("LAYERSWAP_SPLIT_FREE=none\n"),
+            std::string::npos);
+  for (const char* bad : {"0", "0%", "101%", "-1GiB", "lots"}) {
+    const std::string why = config_error_of(vars{{"LAYERSWAP_SPLIT_FREE", bad}});
+    EXPECT_NE(why.find("LAYERSWAP_SPLIT_FREE"), std::string::npos) << bad << ": " << why;
+    EXPECT_NE(why.find("a percentage of the budget"), std::string::npos) << bad << ": " << why;
   }
   EXPECT_TRUE(parse_config(vars{}).reclaim_fit);
   EXPECT_FALSE(parse_config(vars{{"LAYERSWAP_RECLAIM", " Oldest "}}).reclaim_fit);

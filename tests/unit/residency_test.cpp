@@ -111,6 +111,13 @@ struct split_on {
   split_on() { g_split = true; }
   ~split_on() { g_split = false; }
 };
+// ... and allocator_options::split_free (Note [Split bound]): no bound in these tests (LAYERSWAP_SPLIT_FREE sets one by
+// default); split_free_for for one test, and the stress tests on half of their seeds with splits.
+std::size_t g_split_free = std::numeric_limits<std::size_t>::max();
+struct split_free_for {
+  explicit split_free_for(std::size_t bytes) { g_split_free = bytes; }
+  ~split_free_for() { g_split_free = std::numeric_limits<std::size_t>::max(); }
+};
 
 // ... and residency_options::reserve_follow (Note [Following reserve]): off, as by default; follow_on for one test.
 bool g_follow = false;
@@ -160,6 +167,7 @@ struct harness {
     o.residency.idle_period = g_idle_period;
     o.composites = g_composites;
     o.split = g_split ? 4 : 0;
+    o.split_free = g_split_free;
     o.residency.reserve_follow = g_follow;
     o.residency.batch_digests = g_batch_digests;
     return o;
@@ -1733,9 +1741,15 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   const bool cache_auto = (seed / 2) % 2 == 1;         // Note [Cache reserve] on half the seeds, both oversizes
   g_composites = seed % 3 != 0;                       // Note [Composites] on two seeds in three
   g_split = seed % 4 == 1 || seed % 4 == 2;           // Note [Split segments] on half the seeds, both oversizes
+  if (g_split && seed % 8 < 4) g_split_free = budget / 4;  // Note [Split bound] on half of those
   g_follow = seed % 5 >= 2;                            // Note [Following reserve] on three seeds in five
   struct composites_on {
-    ~composites_on() { g_composites = true; g_split = false; g_follow = false; }
+    ~composites_on() {
+      g_composites = true;
+      g_split = false;
+      g_split_free = std::numeric_limits<std::size_t>::max();
+      g_follow = false;
+    }
   } restore_composites;
   harness h(budget, eager, thread, true, true, true, oversize, cache_auto);
   stream_handle streams[] = {h.s1, one_stream ? h.s1 : h.s2, one_stream ? h.s1 : nullptr};
@@ -1746,7 +1760,9 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   SCOPED_TRACE("seed " + std::to_string(seed) + " budget " + std::to_string(budget >> 20) + " MiB eager " +
                std::to_string(eager) + " thread " + std::to_string(thread) + " oversize " + std::to_string(oversize) +
                " cache reserve " + (cache_auto ? "auto" : "none") + " composites " + std::to_string(g_composites) +
-               " split " + std::to_string(g_split) + " follow " + std::to_string(g_follow));
+               " split " + std::to_string(g_split) + " split free " +
+               (g_split_free == std::numeric_limits<std::size_t>::max() ? "none" : std::to_string(g_split_free >> 20)) +
+               " follow " + std::to_string(g_follow));
 
   auto refresh_forecast = [&] {
     if (mode == forecast_mode::absent) return;
@@ -2622,6 +2638,77 @@ TEST(Residency, SplitOnlyFromItsStreamAndWithinTheBound) {
     EXPECT_TRUE(h.holds(a, 2 * MiB, 0x21));
     h.alloc.deallocate(a);
     h.alloc.deallocate(fill);
+    h.expect_clean();
+  }
+}
+
+// Note [Split bound]: a split that takes a whole segment is refused when the free ranges of split segments would then
+// hold more than allocator_options::split_free (2 MiB here, of a 16 MiB budget): the request reclaims and makes a
+// segment as without splits. Within the bound it splits; a free range of a split segment is taken whatever the bound.
+TEST(Residency, SplitBoundRefusesSplitsThatLeaveTooMuchFree) {
+  split_on on;
+  split_free_for bound(2 * MiB);
+  {
+    SCOPED_TRACE("an idle segment: 6 MiB free would be left");
+    harness h(16 * MiB, /*eager=*/false);
+    void* big = h.alloc.allocate(8 * MiB, h.s1);
+    void* fill = h.alloc.allocate(8 * MiB, h.s1);
+    h.write(h.s1, big, 8 * MiB, 0x11);
+    h.write(h.s1, fill, 8 * MiB, 0x12);
+    h.alloc.deallocate(big);
+    void* a = h.alloc.allocate(2 * MiB, h.s1);
+    allocator_stats st = h.alloc.stats();
+    EXPECT_EQ(st.num_splits, 0);
+    EXPECT_EQ(st.num_reclaims, 1) << "the idle segment was reclaimed for a new one";
+    h.write(h.s1, a, 2 * MiB, 0x21);
+    h.sim.run_all();
+    EXPECT_TRUE(h.holds(a, 2 * MiB, 0x21));
+    EXPECT_TRUE(h.holds(fill, 8 * MiB, 0x12));
+    EXPECT_NO_THROW(h.alloc.verify());
+    h.alloc.deallocate(a);
+    h.alloc.deallocate(fill);
+    h.expect_clean();
+  }
+  {
+    SCOPED_TRACE("an idle segment: 2 MiB free would be left, then that range taken");
+    harness h(16 * MiB, /*eager=*/false);
+    auto* big = static_cast<char*>(h.alloc.allocate(8 * MiB, h.s1));
+    void* fill = h.alloc.allocate(8 * MiB, h.s1);
+    h.alloc.deallocate(big);
+    void* a = h.alloc.allocate(6 * MiB, h.s1);
+    EXPECT_EQ(a, big);
+    EXPECT_EQ(h.alloc.stats().num_splits, 1);
+    EXPECT_NO_THROW(h.alloc.verify());
+    void* b = h.alloc.allocate(2 * MiB, h.s1);
+    EXPECT_EQ(b, big + 6 * MiB) << "the free range of the split segment was not taken";
+    EXPECT_EQ(h.alloc.stats().num_splits, 2);
+    EXPECT_EQ(h.alloc.stats().num_reclaims, 0);
+    h.write(h.s1, a, 6 * MiB, 0x31);
+    h.write(h.s1, b, 2 * MiB, 0x32);
+    h.sim.run_all();
+    EXPECT_TRUE(h.holds(a, 6 * MiB, 0x31));
+    EXPECT_TRUE(h.holds(b, 2 * MiB, 0x32));
+    EXPECT_NO_THROW(h.alloc.verify());
+    for (void* p : {a, b, fill}) h.alloc.deallocate(p);
+    h.expect_clean();
+  }
+  {
+    SCOPED_TRACE("an evicted region's spare chunk: 4 MiB free would be left");
+    spare_case c;
+    harness& h = c.h;
+    const std::size_t creates = h.sim.num_creates();
+    void* a = h.alloc.allocate(4 * MiB, h.s1);
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(h.alloc.stats().num_spare_splits, 0) << "the spare was split past the bound";
+    EXPECT_EQ(h.alloc.stats().num_splits, 0);
+    EXPECT_GT(h.sim.num_creates(), creates) << "the request made no chunk of its own";
+    h.write(h.s1, a, 4 * MiB, 0x41);
+    EXPECT_TRUE(h.holds(a, 4 * MiB, 0x41));
+    EXPECT_TRUE(h.holds(c.w, 8 * MiB, 0x31)) << "the evicted region reads its host copy";
+    EXPECT_TRUE(h.holds(c.fill, 8 * MiB, 0x32));
+    EXPECT_NO_THROW(h.alloc.verify());
+    h.alloc.deallocate(a);
+    for (void* p : {c.w, c.fill}) h.alloc.deallocate(p);
     h.expect_clean();
   }
 }

@@ -74,18 +74,20 @@ constexpr setting_info k_settings[row_count] = {
      "Experimental: when the budget has no room for a new segment without reclaiming the cache, a large allocation "
      "takes an idle cached segment of its stream up to this many times its size instead (1: only one within 1/8 of "
      "its size, as always)"},
-    {"LAYERSWAP_CACHE_RESERVE", "auto", "auto, none (or 0), or a size such as 256MiB",
-     "Device memory swapping leaves to the allocator's cache of freed segments besides the live activations: auto "
-     "grows it each time an allocation finds no cached segment of its size and has to destroy another's, up to half "
-     "of what the budget leaves for swapped memory; a size fixes it (at most all of that)"},
+    {"LAYERSWAP_CACHE_RESERVE", "none", "none (or 0), auto, or a size such as 256MiB",
+     "Device memory swapping leaves to the allocator's cache of freed segments besides the live activations: none, "
+     "the policy may use all the budget leaves beside the activations (with LAYERSWAP_SPLIT the program's requests "
+     "take ranges of segments it freed rather than remaking segments); auto grows it each time an allocation finds "
+     "no cached segment of its size and has to destroy another's, up to half of what the budget leaves for swapped "
+     "memory; a size fixes it (at most all of that)"},
     {"LAYERSWAP_COMPOSITES", "0", "0 or 1 (also true/false, on/off, yes/no)",
      "Experimental: when the budget has no room for a new large segment without waiting for the GPU, make it from "
      "the chunks of segments its stream freed, at once, as PyTorch reuses freed memory on a stream (0: reclaim them, "
      "waiting for the GPU to finish with them first)"},
-    {"LAYERSWAP_SPLIT", "0", "0 or 1 (also true/false, on/off, yes/no), or a whole number from 2 to 1024",
-     "Experimental: when the budget has no room for a new large segment, serve a large allocation from a range of a "
-     "larger segment its stream freed, as PyTorch splits cached blocks: at most 4 times its size with 1, at most N "
-     "times with N (0: reclaim segments of other sizes and make a new one)"},
+    {"LAYERSWAP_SPLIT", "8", "0 or 1 (also true/false, on/off, yes/no), or a whole number from 2 to 1024",
+     "When the budget has no room for a new large segment, serve a large allocation from a range of a larger segment "
+     "its stream freed, as PyTorch splits cached blocks: at most N times its size with N, 4 times with 1 (0: reclaim "
+     "segments of other sizes and make a new one)"},
     {"LAYERSWAP_SPLIT_FREE", "12.5%", "a percentage of the budget such as 12.5%, a size such as 512MiB, or none",
      "With LAYERSWAP_SPLIT: the most device memory the free ranges of split segments may hold (room the swapping "
      "policy cannot use) after a split that takes a whole segment; past it the request makes a segment of its own "
@@ -696,8 +698,8 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
   }
   if (const auto reserve = given(row_cache_reserve)) {
     const std::string_view v = trim(*reserve);
-    if (!iequals(v, "auto")) {
-      result.cache_reserve_auto = false;
+    result.cache_reserve_auto = iequals(v, "auto");
+    if (!result.cache_reserve_auto) {
       if (!iequals(v, "none") && v != "0") {
         result.cache_reserve =
             static_cast<std::size_t>(parse_size(k_settings[row_cache_reserve].name, *reserve, false).value);

@@ -72,16 +72,16 @@ struct config {
   // its size before reclaiming the cache (caching_allocator.cpp, Note [Oversize reuse]); 1 = off.
   double oversize = 1.0;
   // LAYERSWAP_CACHE_RESERVE: device bytes the policy leaves to the allocator's cache (residency.cpp, Note [Cache
-  // reserve]): auto (grown by the cache's misses), or a fixed size.
-  bool cache_reserve_auto = true;
+  // reserve]): none (the default: cache_reserve 0), auto (grown by the cache's misses), or a fixed size.
+  bool cache_reserve_auto = false;
   std::size_t cache_reserve = 0;
   // LAYERSWAP_COMPOSITES: a large segment made at once from the chunks of segments its stream freed, rather than
   // after a wait for the GPU (caching_allocator.cpp, Note [Composites]). Experimental, off by default.
   bool composites = false;
   // LAYERSWAP_SPLIT: a large allocation served by a range of a larger segment its stream freed, rather than a new
-  // segment (caching_allocator.cpp, Note [Split segments]): 0 = off (the default, experimental), else the most times
-  // the request's size that segment may be (on = 4).
-  std::uint32_t split = 0;
+  // segment (caching_allocator.cpp, Note [Split segments]): 0 = off, else the most times the request's size that
+  // segment may be (8 by default; on = 4).
+  std::uint32_t split = 8;
   // LAYERSWAP_SPLIT_FREE: the most the free ranges of split segments may hold after a split that takes a whole
   // segment (caching_allocator.cpp, Note [Split bound]): a percentage of the budget or a size; unset = no bound.
   size_setting split_free{size_setting::kind::percent, 12.5};

@@ -5,7 +5,8 @@ Each run is a fresh `samples/train_transformer.py --deterministic` process (same
   1. native, twice (the baseline must repeat bit for bit, or the comparison means nothing);
   2. layerswap with no budget (its own peak of device memory, with layerswap's page rounding);
   3. layerswap at budgets that hold 50% and 25% of the training state (parameters, gradients, AdamW state) plus
-     the transient memory measured in 2;
+     the transient memory measured in 2, with the default placement (split segments, no cache reserve) and, at 25%,
+     with the placement that was the default before session 42 (LAYERSWAP_SPLIT=0, LAYERSWAP_CACHE_RESERVE=auto);
   4. layerswap at 25% with the experimental settings that change where activations live (a reserve that follows the
      step, split segments and home segments, no cache reserve), which must be as exact.
 Skips, saying so, without a GPU.
@@ -86,12 +87,15 @@ def budget_for(baseline, fraction):
 def test_training_under_budget_is_bitwise_equal(tmp_path, baseline):
     native1, state, _, peak = baseline
     lines = [f"params {native1['params']:,}, state {state / MiB:.0f} MiB, layerswap peak {peak / MiB:.0f} MiB"]
-    for fraction in (0.5, 0.25):
+    former = {"LAYERSWAP_SPLIT": 0, "LAYERSWAP_CACHE_RESERVE": "auto"}  # the defaults before session 42
+    for fraction, extra, what in ((0.5, {}, "default"), (0.25, {}, "default"), (0.25, former, "split off, auto")):
         budget = budget_for(baseline, fraction)
-        run, proc = train(tmp_path, f"layerswap-{fraction}", clean_env(LAYERSWAP_BUDGET=budget, LAYERSWAP_STATS=1))
+        run, proc = train(tmp_path, f"layerswap-{fraction}-{len(extra)}",
+                          clean_env(LAYERSWAP_BUDGET=budget, LAYERSWAP_STATS=1, **extra))
         res = residency(run)
         held = run["layerswap_stats"]["device_bytes"]["peak"]
-        lines.append(f"budget {fraction:.2f}: {budget / MiB:.0f} MiB, held peak {held / MiB:.0f} MiB, "
+        lines.append(f"budget {fraction:.2f} ({what}): {budget / MiB:.0f} MiB, held peak {held / MiB:.0f} MiB, "
+                     f"splits {run['layerswap_stats'].get('num_splits')}, "
                      f"h2d {res.get('bytes_h2d', 0) / MiB:.0f} MiB, d2h {res.get('bytes_d2h', 0) / MiB:.0f} MiB, "
                      f"evictions {res.get('evictions')}, prefetches {res.get('prefetches')}, "
                      f"abandoned {res.get('abandoned')}, step {run['median_step_s']:.4f} s "
@@ -99,7 +103,7 @@ def test_training_under_budget_is_bitwise_equal(tmp_path, baseline):
         assert held <= budget, f"budget {budget} exceeded: {held} bytes held"
         assert res.get("bytes_d2h", 0) > 0, f"nothing was evicted at budget {budget}\n{proc.stderr[-3000:]}"
         assert run["losses_hex"] == native1["losses_hex"], (
-            f"losses under budget {budget} ({fraction:.0%} of the state) differ from the native run: "
+            f"losses under budget {budget} ({fraction:.0%} of the state, {what}) differ from the native run: "
             f"{first_difference(native1['losses_hex'], run['losses_hex'])}\n{proc.stderr[-3000:]}")
     print("\n" + "\n".join(lines))
 

@@ -544,9 +544,9 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_HOLD=0  (default)\n"
             "LAYERSWAP_WRITEBACK=skip-clean  (default)\n"
             "LAYERSWAP_OVERSIZE=1  (default)\n"
-            "LAYERSWAP_CACHE_RESERVE=auto  (default)\n"
+            "LAYERSWAP_CACHE_RESERVE=none  (default)\n"
             "LAYERSWAP_COMPOSITES=0  (default)\n"
-            "LAYERSWAP_SPLIT=0  (default)\n"
+            "LAYERSWAP_SPLIT=8  (default)\n"
             "LAYERSWAP_SPLIT_FREE=12.5%  (default)\n"
             "LAYERSWAP_RECLAIM=fit  (default)\n"
             "LAYERSWAP_RESERVE=peak  (default)\n"
@@ -574,9 +574,9 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_HOLD=0  (default)\n"
             "LAYERSWAP_WRITEBACK=skip-clean  (default)\n"
             "LAYERSWAP_OVERSIZE=1  (default)\n"
-            "LAYERSWAP_CACHE_RESERVE=auto  (default)\n"
+            "LAYERSWAP_CACHE_RESERVE=none  (default)\n"
             "LAYERSWAP_COMPOSITES=0  (default)\n"
-            "LAYERSWAP_SPLIT=0  (default)\n"
+            "LAYERSWAP_SPLIT=8  (default)\n"
             "LAYERSWAP_SPLIT_FREE=12.5%  (default)\n"
             "LAYERSWAP_RECLAIM=fit  (default)\n"
             "LAYERSWAP_RESERVE=peak  (default)\n"
@@ -756,7 +756,7 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_COMPOSITES", " on "}}).composites);
   EXPECT_NE(parse_config(vars{{"LAYERSWAP_COMPOSITES", "1"}}).describe().find("LAYERSWAP_COMPOSITES=1\n"),
             std::string::npos);
-  EXPECT_EQ(parse_config(vars{}).split, 0u);
+  EXPECT_EQ(parse_config(vars{}).split, 8u);
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT", " on "}}).split, 4u);
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT", "1"}}).split, 4u);
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT", "off"}}).split, 0u);
@@ -810,8 +810,11 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
     EXPECT_NE(why.find("LAYERSWAP_RESERVE"), std::string::npos) << bad << ": " << why;
     EXPECT_NE(why.find("follow:N"), std::string::npos) << bad << ": " << why;
   }
-  EXPECT_TRUE(parse_config(vars{}).cache_reserve_auto);
+  EXPECT_FALSE(parse_config(vars{}).cache_reserve_auto);  // none by default
+  EXPECT_EQ(parse_config(vars{}).cache_reserve, 0u);
   EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_CACHE_RESERVE", " Auto "}}).cache_reserve_auto);
+  EXPECT_NE(parse_config(vars{{"LAYERSWAP_CACHE_RESERVE", "auto"}}).describe().find("LAYERSWAP_CACHE_RESERVE=auto\n"),
+            std::string::npos);
   for (const char* off : {"none", "0", " NONE "}) {
     const config c = parse_config(vars{{"LAYERSWAP_CACHE_RESERVE", off}});
     EXPECT_FALSE(c.cache_reserve_auto) << off;

@@ -113,11 +113,14 @@
 //   until its last range is freed; the engine may still evict it whole under pressure, and a host-backed one hands out
 //   no ranges. The bound keeps a small request from pinning a much larger segment: the free ranges of a live segment
 //   are room nobody else can use.
-//   Experimental, off by default. On the H200 (docs/history.md, session 23) it did not touch the 4 x 2048 churn at
-//   bound 4 (1-2 splits a step: the churn is the loss's 1000 MiB logits and the activations turning into each other,
-//   out of reach); at 16 or more it removed the churn but the big segments, split for activations that live until the
-//   backward pass, left the policy no room (14x slower); full fine-tuning at 10% spent half the time in allocator
-//   calls at bound 4, and prefetched 25% less, for the same step.
+//   On the H200 (docs/history.md, session 23) it did not touch the 4 x 2048 churn at bound 4 (1-2 splits a step: the
+//   churn is the loss's 1000 MiB logits and the activations turning into each other, out of reach); at 16 or more it
+//   removed the churn but the big segments, split for activations that live until the backward pass, left the policy
+//   no room (14x slower); full fine-tuning at 10% spent half the time in allocator calls at bound 4, and prefetched
+//   25% less, for the same step. With no cache reserve (residency.cpp, Note [Cache reserve]) and the free ranges
+//   bounded (Note [Split bound]), LAYERSWAP_SPLIT=8 is the default since session 42: on the H100 the UNet's step
+//   0.79-0.85x the former default's at 50-10% of its movable bytes, full fine-tuning's 0.83-0.95x (0.88-1.00x in a
+//   second call), the 1.1B LoRA's 0.91x at 25% and 0.96x at 10%, 1.04x at 50% (within its quartiles, 0.87-1.20).
 //
 // Note [Split spares]
 //   With LAYERSWAP_SPLIT on, a request that finds no free range and no idle segment to split may take the smallest

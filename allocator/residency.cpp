@@ -152,7 +152,12 @@
 //   cache reserve is device memory the policy leaves to the cache: capacity = budget - reserve for transients -
 //   cache reserve. LAYERSWAP_CACHE_RESERVE=auto grows it by a segment's bytes each time an allocation misses so
 //   (note_cache_miss_locked), up to half of budget - reserve for transients, so that prefetching keeps at least
-//   half its room; it never shrinks. A size fixes it (at most the whole capacity); none is the former behaviour.
+//   half its room; it never shrinks. A size fixes it (at most the whole capacity). None (no cache reserve) is the
+//   default since session 42, with LAYERSWAP_SPLIT: the program's requests then take ranges of the segments its stream
+//   freed instead of remaking segments (caching_allocator.cpp, Notes [Split segments], [Split bound]), and the policy
+//   gets the room (at LoRA's 25% on the H100, 2.9-3.2 GB moved a step instead of 3.7, launch waits 0.6-6 ms instead
+//   of 9.5-15). Without splits, no cache reserve made the program remake ~19 chunks a step and gained nothing
+//   (docs/history.md, session 41).
 //
 // Note [Following reserve]
 //   The reserve of Note [Policy] is the step's peak of transient bytes, kept free at every moment. But the transient

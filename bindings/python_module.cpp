@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 #include <map>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -184,25 +185,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("gpu_available", [] { return gpu_available(); });
 
   m.def("config", [] {
-    const config& c = global_config();
+    // Every row of the settings table, from the description the config command prints ("NAME=value  (note)").
     std::map<std::string, std::string> out;
-    out["LAYERSWAP"] = c.enabled ? "1" : "0";
-    out["LAYERSWAP_BUDGET"] = c.budget.is_set() ? c.budget.to_string() : "none";
-    out["LAYERSWAP_LOG"] = c.log == log_level::debug ? "debug" : c.log == log_level::info ? "info" : "warn";
-    out["LAYERSWAP_STATS"] = c.stats ? "1" : "0";
-    out["LAYERSWAP_VA_RESERVE"] =
-        size_setting{size_setting::kind::bytes, static_cast<double>(c.va_reserve)}.to_string();
-    out["LAYERSWAP_TRACK"] = track_name(c.track);
-    out["LAYERSWAP_TRACK_API"] = c.track_api == config::track_api_mode::driver ? "driver" : "both";
-    out["LAYERSWAP_TRACE"] = c.trace.empty() ? "none" : c.trace;
-    out["LAYERSWAP_HOLD"] = c.hold ? "1" : "0";
-    out["LAYERSWAP_WRITEBACK"] = c.writeback_always ? "always" : "skip-clean";
-    char oversize[32];
-    out["LAYERSWAP_OVERSIZE"] = std::string(oversize, std::to_chars(oversize, oversize + sizeof oversize, c.oversize).ptr);
-    out["LAYERSWAP_CACHE_RESERVE"] = cache_reserve_text(c);
-    out["LAYERSWAP_SPLIT_FREE"] = c.split_free.to_string();
-    out["LAYERSWAP_RESERVE"] = reserve_text(c);
-    out["LAYERSWAP_PROGRAM_FIRST"] = c.program_first ? "1" : "0";
+    std::istringstream in(global_config().describe());
+    for (std::string line; std::getline(in, line);) {
+      const std::size_t eq = line.find('=');
+      if (line.rfind("LAYERSWAP", 0) != 0 || eq == std::string::npos) continue;  // unknown settings' lines
+      std::string value = line.substr(eq + 1);
+      if (const std::size_t note = value.find("  ("); note != std::string::npos) value.resize(note);
+      out[line.substr(0, eq)] = value;
+    }
     return out;
   }, "The settings in force, by variable name.");
   m.def("describe_config", [] { return global_config().describe(); });

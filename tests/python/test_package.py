@@ -6,6 +6,7 @@ absence of a GPU skip where one is visible, and their GPU counterparts skip wher
 """
 
 import importlib.metadata
+import json
 import os
 import re
 import subprocess
@@ -212,7 +213,13 @@ def test_settings_table_is_complete():
         assert s.name == "LAYERSWAP" or s.name.startswith("LAYERSWAP_")
         assert s.default and s.accepted and s.help, s
     assert {"LAYERSWAP", "LAYERSWAP_BUDGET", "LAYERSWAP_LOG", "LAYERSWAP_STATS", "LAYERSWAP_VA_RESERVE"} <= set(names)
-    assert "LAYERSWAP_BUDGET" in layerswap.config()
+    # config() names every setting; in a process with no LAYERSWAP_ variable, each at its default.
+    result = python("-c", "import json, layerswap; print(json.dumps(layerswap.config()))", CUDA_VISIBLE_DEVICES="")
+    assert result.returncode == 0, result.stderr
+    in_force = json.loads(result.stdout)
+    assert set(in_force) == set(names), f"config() and the settings table differ: {set(in_force) ^ set(names)}"
+    for s in table:
+        assert in_force[s.name] == s.default, (s.name, in_force[s.name], s.default)
 
 
 def readme_settings():

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where each case of a bench/swap.py run spends its step, one line per case, from its JSON: the step against the
 resident one, the launching thread's time (CPU, launch calls, allocator calls and mutex waits, waits for prefetches
-and host waits), the policy's and the migration thread's, the moves, and the allocator's churn per step.
+and host waits), the policy's and the migration thread's, the moves, and the allocator's churn per step. A case's
+variants (bench/swap.py --variant NAME:...) follow it, as "model fraction [NAME]".
 
     python3 bench/swap_stats.py bench/results/swap.json
 
@@ -40,21 +41,38 @@ CAUSES = [("segs", "segments.allocated", "{:.0f}"), ("new s", "segment_new_s", "
           ("split", "num_splits", "{:.0f}")]
 
 
+def sides(res):
+    """(label, figures) of each case's layerswap side, then of its variants."""
+    for c in res.get("cases", []):
+        label = f"{c.get('model')} {c.get('budget_fraction')}"
+        yield label, c
+        for name, v in (c.get("variants") or {}).items():
+            yield f"{label} [{name}]", v
+
+
 def rows(res):
     steps = res.get("settings", {}).get("steps", 30) - res.get("settings", {}).get("warmup", 5)
     out = []
-    for c in res.get("cases", []):
-        row = {"case": f"{c.get('model')} {c.get('budget_fraction')}"}
+    for label, c in sides(res):
+        row = {"case": label}
         for name, key, scale, fmt in COLUMNS:
             v = c.get(key)
             row[name] = fmt.format(v * scale) if isinstance(v, (int, float)) else "-"
         snaps = c.get("layerswap_stats") or {}
         a, b = _flatten(snaps.get("after_warmup")), _flatten(snaps.get("end"))
-        for name, key in CHURN:
-            row[name] = f"{(b[key] - a.get(key, 0)) / steps:.0f}" if key in b and steps > 0 else "-"
-        for name, key, fmt in CAUSES:
+
+        def per_step(key, fmt):
+            """From the two snapshots, else from the side's own per-step figure (a variant keeps no snapshots)."""
             k = next((n for n in b if n == key or n.endswith("." + key)), None)
-            row["c:" + name] = fmt.format((b[k] - a.get(k, 0)) / steps) if k and steps > 0 else "-"
+            if k and steps > 0:
+                return fmt.format((b[k] - a.get(k, 0)) / steps)
+            v = c.get(key + "_per_step")
+            return fmt.format(v) if isinstance(v, (int, float)) else "-"
+
+        for name, key in CHURN:
+            row[name] = per_step(key, "{:.0f}")
+        for name, key, fmt in CAUSES:
+            row["c:" + name] = per_step(key, fmt)
         out.append(row)
     return out
 
@@ -79,6 +97,11 @@ def main(argv=None):
         (r,) = rows(res)
         assert r["step"] == "0.250" and r["alloc"] == "0.013" and r["segs"] == "5" and r["lock"] == "-", r
         assert r["c:segs"] == "5" and r["c:new s"] == "-", r
+        res["cases"][0]["variants"] = {"v": {"step_s": 0.2, "num_reclaims_per_step": 3.0, "segment_new_s_per_step": 0.004}}
+        r, v = rows(res)
+        assert v["case"] == "m 0.25 [v]" and v["step"] == "0.200" and v["alloc"] == "-", v
+        assert v["c:reclaim"] == "3" and v["c:new s"] == "0.004" and v["segs"] == "-", v
+        del res["cases"][0]["variants"]
         res["cases"][0]["threads_per_step"] = {"pt_autograd_0": {"threads": 1, "cpu_s": 0.1, "runqueue_s": 0.0}}
         res["cases"][0]["resident_threads_per_step"] = {"pt_autograd_0": {"threads": 1, "cpu_s": 0.08}}
         (t,) = thread_rows(res)
@@ -122,11 +145,11 @@ def thread_rows(res, top=6):
     """The busiest threads of each case's layerswap run beside the resident run's threads of the same name."""
     out = []
     fmt = _seconds
-    for c in res.get("cases", []):
+    for label, c in sides(res):
         ls, resident = c.get("threads_per_step") or {}, c.get("resident_threads_per_step") or {}
         for name in list(ls)[:top]:
             mine, theirs = ls[name], resident.get(name) or {}
-            out.append({"case": f"{c.get('model')} {c.get('budget_fraction')}", "thread": name,
+            out.append({"case": label, "thread": name,
                         "n": str(mine.get("threads", "-")), "cpu": fmt(mine.get("cpu_s")),
                         "cpu res": fmt(theirs.get("cpu_s")), "runq": fmt(mine.get("runqueue_s")),
                         "runq res": fmt(theirs.get("runqueue_s"))})

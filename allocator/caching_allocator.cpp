@@ -422,16 +422,14 @@ struct caching_allocator::impl final : detail::page_source {
   std::unordered_set<segment*> segments;
   idle_list idle;
   std::vector<phys_handle> idle_pages;  // unmapped, no pending work, counted in device_bytes
-  // Note [Split bound]: the granules in free ranges of split segments, and the most that may be there after a split
-  // that takes a whole segment (options.split_free in granules).
+  // Note [Split bound]: the granules in free ranges of split segments, and the largest segment (granules) that a
+  // request of `npages` may take whole and split within options.split_free (0: none; the maximum: no bound).
   std::size_t split_free_pages = 0;
-  [[nodiscard]] std::size_t split_free_cap() const noexcept {
+  [[nodiscard]] std::size_t split_whole_most_locked(std::size_t npages) const noexcept {
     constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
-    return options.budget == 0 || options.split_free == none ? none : options.split_free >> gran_shift;
-  }
-  [[nodiscard]] bool split_leaves_room_locked(std::size_t seg_n, std::size_t npages) const noexcept {
-    const std::size_t cap = split_free_cap();
-    return split_free_pages <= cap && seg_n - npages <= cap - split_free_pages;
+    if (options.budget == 0 || options.split_free == none) return none;
+    const std::size_t cap = options.split_free >> gran_shift;
+    return split_free_pages > cap ? 0 : npages + (cap - split_free_pages);
   }
   std::vector<pending_free> pending;
   std::unordered_map<device_ptr, std::vector<stream_handle>> recorded;
@@ -1393,7 +1391,8 @@ void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::siz
   }
   // An idle segment above the reuse window, only if smaller than that range: whole ones are kept whole first.
   const std::size_t end = std::min(pool->free_by_pages.size(), best_n);
-  for (std::size_t n = npages + npages / 8 + 1; n < end && !whole && split_leaves_room_locked(n, npages); ++n) {
+  const std::size_t whole_most = split_whole_most_locked(npages);  // Note [Split bound]
+  for (std::size_t n = npages + npages / 8 + 1; n < end && n <= whole_most && !whole; ++n) {
     for (segment* s = pool->free_by_pages[n].head; s; s = s->pool_hook.next) {
       if (!splittable_locked(s)) continue;
       best = s, best_n = n, whole = true;
@@ -1444,12 +1443,8 @@ void* caching_allocator::impl::take_range_locked(segment* best, std::size_t inde
 void* caching_allocator::impl::allocate_spare_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool,
                                                            bool homes_only) {
   const std::size_t lo = (npages + npages / 8 + 1) << gran_shift;
-  std::size_t hi = (npages * options.split) << gran_shift;
-  if (const std::size_t cap = split_free_cap(); cap != std::numeric_limits<std::size_t>::max()) {  // [Split bound]
-    if (split_free_pages >= cap) return nullptr;
-    hi = std::min(hi, (npages + (cap - split_free_pages)) << gran_shift);
-    if (hi < lo) return nullptr;
-  }
+  const std::size_t hi = std::min(npages * options.split, split_whole_most_locked(npages)) << gran_shift;
+  if (hi < lo) return nullptr;  // Note [Split bound]
   segment* seg = home_segment_locked(pool, lo, hi);
   if (!seg) {
     if (homes_only) return nullptr;

@@ -5,7 +5,6 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 #include <sstream>
 #include <string>

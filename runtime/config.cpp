@@ -325,6 +325,9 @@ const char* track_name(config::track_mode mode) noexcept {
   return "auto";
 }
 
+namespace {
+
+// LAYERSWAP_RESERVE's value as written: "peak", "follow" or "follow:N".
 std::string reserve_text(const config& c) {
   if (!c.reserve_follow) return "peak";
   std::string text = "follow";
@@ -332,10 +335,13 @@ std::string reserve_text(const config& c) {
   return text;
 }
 
+// LAYERSWAP_CACHE_RESERVE's value as written: "auto", "none" or a size such as "256MiB".
 std::string cache_reserve_text(const config& c) {
   if (c.cache_reserve_auto) return "auto";
   return c.cache_reserve ? format_size(c.cache_reserve) : std::string("none");
 }
+
+}  // namespace
 
 // ---- sizes ----
 

@@ -129,12 +129,6 @@ struct config {
 // LAYERSWAP_TRACK's value as written: "auto", "0", "1", "subscribe-only" or "attribute".
 [[nodiscard]] const char* track_name(config::track_mode mode) noexcept;
 
-// LAYERSWAP_RESERVE's value as written: "peak", "follow" or "follow:N".
-[[nodiscard]] std::string reserve_text(const config& c);
-
-// LAYERSWAP_CACHE_RESERVE's value as written: "auto", "none" or a size such as "256MiB".
-[[nodiscard]] std::string cache_reserve_text(const config& c);
-
 // Human-readable bytes: "6.00 GiB", "512 B".
 [[nodiscard]] std::string format_bytes(std::uint64_t bytes);
 

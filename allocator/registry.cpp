@@ -118,7 +118,6 @@ caching_allocator& allocator_for(int device) {
   opts.residency.cache_reserve = cfg.cache_reserve;
   opts.residency.reserve_follow = cfg.reserve_follow;
   opts.residency.reserve_ahead = cfg.reserve_ahead;
-  opts.residency.give_up_prefetch = cfg.give_up_prefetch;
   auto* alloc = new caching_allocator(*port, opts);
   if (forecast_source* f = s.forecast.load(std::memory_order_acquire)) alloc->set_forecast_source(f);
   LAYERSWAP_LOG(info, "device %d: allocator ready (budget %s of %s)", device,
@@ -196,15 +195,15 @@ std::string stats_report() {
     const residency_stats r = a->residency();
     if (r.evictions || r.prefetches || r.abandoned || r.host_bytes) {
       std::snprintf(line, sizeof line,
-                    "layerswap: device %d: swapping: %s to host in %lld evictions (%lld stalled an allocation, %lld of them "
-                    "prefetches given up; %lld clean: no copy), %s "
+                    "layerswap: device %d: swapping: %s to host in %lld evictions (%lld stalled an allocation, %lld clean: no "
+                    "copy), %s "
                     "back in %lld prefetches, %lld moves abandoned, %lld cancelled; host backing %s; regions %lld "
                     "swappable, %lld on the device, %lld on the host; hit rate %.4f (%llu of %llu launches found a "
                     "region on the host); %llu launches held on the GPU for a prefetch, %llu waited %.3f s on the host (%llu "
                     "gave up); chunks made %lld, released %lld, %s spare; cache reserve %s after %lld misses\n",
                     st.device, format_bytes(static_cast<std::uint64_t>(r.bytes_d2h)).c_str(),
                     static_cast<long long>(r.evictions), static_cast<long long>(r.stall_evictions),
-                    static_cast<long long>(r.prefetches_given_up), static_cast<long long>(r.writeback_skipped),
+                    static_cast<long long>(r.writeback_skipped),
                     format_bytes(static_cast<std::uint64_t>(r.bytes_h2d)).c_str(), static_cast<long long>(r.prefetches),
                     static_cast<long long>(r.abandoned), static_cast<long long>(r.cancelled),
                     format_bytes(static_cast<std::uint64_t>(r.host_bytes)).c_str(),

@@ -215,30 +215,13 @@
 // Note [Allocation under pressure]
 //   When a request does not fit in the budget, the allocator reclaims its cache first, then calls
 //   evict_sync_locked(). Evictions in flight free their pages soonest: it finishes the moves whose copies are done
-//   and, if none was an eviction, gives up a landed prefetch that no launch has used (Note [Giving up a landed
-//   prefetch]); if there is none, it waits for the oldest eviction in flight alone (the D2H stream runs in order), not
+//   and, if none was an eviction, waits for the oldest eviction in flight alone (the D2H stream runs in order), not
 //   for the prefetches, whose pages stay taken when they land. When no eviction was in flight (or it was
 //   abandoned), it evicts the live, unpinned, resident region not moving with the farthest next use (ranks of the
 //   last policy round; absent: least recently used), waiting for its fences and copy on the host; only if there is
 //   none does it settle every move first (their regions become candidates) and try again. A
 //   remap refused by the gate (a launch on another thread) abandons that victim and tries the next. Only when
 //   nothing is left to evict does the allocator raise OOM.
-//
-// Note [Giving up a landed prefetch]
-//   Every wait in Note [Allocation under pressure] is a wait for the GPU: an eviction's copy runs after its fences,
-//   which come after the program's work enqueued before them, so an allocation that does not fit waits until the
-//   GPU catches up with the launching thread (full fine-tuning at 25%: 5.8 waits and 101 ms a step in session 42's
-//   record). A region that a prefetch put on the device and that no launch has touched since needs none of it: every
-//   launch that touched it before is done (the prefetch's copy came after them, or none was pending: Note [Unfenced
-//   prefetch]), and its device copy equals its host copy, which only an eviction's copy or a launch on the host
-//   mapping writes. Its gate sequence proves it: the prefetch's remap reads it (landed_seq), still under the gate,
-//   so a launch counted later moved it. Such a region is evicted at once, with the mutex held: no fences, no check,
-//   no copy, its remap alone (try_begin_remap with landed_seq refuses it if a launch came meanwhile, and the
-//   allocation goes on to the usual waits). It is the farthest such region in the forecast, the prefetch needed
-//   last; the policy brings it back later, as it would any other eviction, on the migration thread. So the launching
-//   thread pays one remap (8-20 us per MiB on the H100) instead of a wait for the GPU, at the price of that
-//   region's copy moved twice. Not with holds (LAYERSWAP_HOLD=1): a held launch counts before the remap that
-//   releases it. LAYERSWAP_GIVE_UP_PREFETCH=0 turns it off.
 //
 // Note [Freeing a moved region]
 //   deallocate() of a region moving out cancels the move (the region stays device-backed and is cached as
@@ -390,9 +373,6 @@ struct alignas(64) swap_region {
   device_chunk chunk;  // its device memory, while it is device-backed (Note [Chunks])
   host_backing host;   // empty until the first eviction
   std::uint64_t evicted_seq = 0;  // gate sequence when it went to host (demand detection without a forecast)
-  // Gate sequence when a prefetch put it on the device; k_far: not since its last eviction began, or never (Note
-  // [Giving up a landed prefetch]).
-  std::uint64_t landed_seq = k_far;
   std::size_t moving_at = 0;       // its index in impl::moving while it has a move
   std::size_t flag_slot = k_no_slot;  // its word in the hold flags (Note [Holds])
   // Note [Write-back]
@@ -1098,7 +1078,6 @@ struct residency_engine::impl {
         return false;  // LAYERSWAP_HOST_LIMIT or the host is full: this region stays
       }
     }
-    r.landed_seq = k_far;  // an abandoned eviction may have copied: Note [Giving up a landed prefetch] asks no more
     auto m = std::make_unique<move>();
     m->sync = sync;
     m->shadow = r.host.view;
@@ -1344,7 +1323,6 @@ struct residency_engine::impl {
       port.unmap(r.va, r.bytes);  // the host mapping: one map() call
       map_whole(r.va, r.bytes, m.chunk.handle, r.host.handle);
       gate::set_on_host(r.id, false);
-      r.landed_seq = gate::sequence(r.id);  // still remapping: launches that arrived wait, uncounted
     } else {
       port.unmap(r.va, r.bytes);  // the chunk: one map() call
       map_whole(r.va, r.bytes, r.host.handle, r.chunk.handle);
@@ -1592,47 +1570,6 @@ struct residency_engine::impl {
       if (r && evictable(*r) && !excluded(*r)) return r;
     }
     return nullptr;
-  }
-  // Note [Giving up a landed prefetch]: the farthest forecast region that a prefetch put on the device and that no
-  // launch has touched since, nor is touching (gate::issuing); nullptr if none. Not with holds: a held launch counts
-  // before the remap that releases it, and runs after.
-  swap_region* pick_landed_victim() const noexcept {
-    if (gate::holding()) return nullptr;
-    for (std::size_t i = forecast_regions.size(); i-- > 0;) {
-      swap_region* r = ranked_at(i);
-      if (r && evictable(*r) && r->host && r->landed_seq != k_far && gate::sequence(r->id) == r->landed_seq &&
-          gate::issuing(r->id) == 0) {
-        return r;
-      }
-    }
-    return nullptr;
-  }
-  // Evicts such a region now, with the mutex held: no fences, no check, no copy, the remap alone (the gate refuses
-  // it if a launch touched the region since pick_landed_victim looked). Whether it went to the host.
-  bool give_up_landed(swap_region& r) {
-    auto mv = std::make_unique<move>();
-    mv->sync = true;
-    mv->clean = true;
-    mv->shadow = r.host.view;
-    mv->snapshot = r.landed_seq;
-    r.landed_seq = k_far;
-    begin(r, std::move(mv), region_residency::moving_out);
-    r.busy = true;
-    ++busy;
-    {
-      struct books {
-        impl& e;
-        swap_region& r;
-        ~books() {
-          e.end_finish(r);
-          e.busy_cv.notify_all();
-        }
-      } guard{*this, r};
-      remap_busy(r);
-    }
-    if (r.state != region_residency::host) return false;
-    ++st.prefetches_given_up;
-    return true;
   }
   // A live, unpinned region on the device with no move: one an eviction may start on.
   [[nodiscard]] static bool evictable(const swap_region& r) noexcept {
@@ -2148,9 +2085,6 @@ bool residency_engine::evict_sync_locked() {
     if (m.copy_done(*r)) m.finish(*r);
   }
   if (m.st.evictions != before) return true;
-  if (m.options.give_up_prefetch) {  // Note [Giving up a landed prefetch]
-    if (swap_region* landed = m.pick_landed_victim(); landed && m.give_up_landed(*landed)) return true;
-  }
   swap_region* oldest = nullptr;
   for (swap_region* r : m.moving) {
     if (!r->mv->to_device && (!oldest || r->mv->started < oldest->mv->started)) oldest = r;

@@ -60,9 +60,6 @@ struct residency_options {
   // move is the peak learned for the next `reserve_ahead` 64ths of the step (and the current one), not the step's.
   bool reserve_follow = false;
   std::uint32_t reserve_ahead = 4;
-  // LAYERSWAP_GIVE_UP_PREFETCH (residency.cpp, Note [Giving up a landed prefetch]): an allocation that does not fit
-  // first evicts a prefetched region no launch has used since it landed (a remap, no copy, no wait for the GPU).
-  bool give_up_prefetch = true;
   std::chrono::microseconds period{200};            // migration thread period
   // How long an idle migration thread sleeps (residency.cpp, Note [Idle engine]); at most `period`: never idle.
   std::chrono::microseconds idle_period{20000};
@@ -82,7 +79,6 @@ struct residency_stats {
   std::int64_t abandoned = 0;          // moves abandoned because a launch touched the region meanwhile
   std::int64_t cancelled = 0;          // moves cancelled because the region was freed
   std::int64_t stall_evictions = 0;    // synchronous evictions on the allocation path (host waits)
-  std::int64_t prefetches_given_up = 0;  // ... of which landed prefetches no launch had used (Note [Giving up ...])
   std::int64_t writeback_skipped = 0;  // evictions that skipped the copy: the region was clean (Note [Write-back])
   std::int64_t digests_carried = 0;    // prefetches that kept the region's digest (Note [Digest carried over])
   std::int64_t writeback_checked = 0;  // evictions that digested the region to find out (clean or not)

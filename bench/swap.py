@@ -929,7 +929,7 @@ def ls_snapshot(ls, device):
 
 
 # layerswap statistics reported per timed step (differences of two snapshots over the timed steps).
-PER_STEP_STATS = ("launch_wait_s", "launch_waits", "launch_holds", "stall_evictions", "prefetches_given_up", "abandoned", "lock_wait_s",
+PER_STEP_STATS = ("launch_wait_s", "launch_waits", "launch_holds", "stall_evictions", "abandoned", "lock_wait_s",
                   "num_lock_waits", "evictions", "writeback_skipped", "writeback_checked", "launch_api_s",
                   "launch_api_calls", "host_wait_s", "num_host_waits", "stall_s", "policy_rounds", "policy_s",
                   "remap_s", "stage_s", "remap_in_s", "remap_out_s", "prefetches", "chunks_created", "chunks_released", "call_s", "num_calls",

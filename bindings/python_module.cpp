@@ -92,7 +92,6 @@ py::dict residency_dict(const residency_stats& r) {
   d["abandoned"] = r.abandoned;
   d["cancelled"] = r.cancelled;
   d["stall_evictions"] = r.stall_evictions;
-  d["prefetches_given_up"] = r.prefetches_given_up;
   d["writeback_skipped"] = r.writeback_skipped;
   d["digests_carried"] = r.digests_carried;
   d["writeback_checked"] = r.writeback_checked;

@@ -27,8 +27,7 @@ namespace {
 enum row : std::size_t {
   row_enable, row_budget, row_log, row_stats, row_va_reserve, row_track, row_track_api, row_trace,
   row_prefetch, row_pin, row_host_limit, row_hold, row_writeback, row_oversize, row_cache_reserve,
-  row_composites, row_split, row_split_free, row_reclaim, row_reserve, row_program_first, row_give_up_prefetch,
-  row_count
+  row_composites, row_split, row_split_free, row_reclaim, row_reserve, row_program_first, row_count
 };
 
 constexpr setting_info k_settings[row_count] = {
@@ -106,11 +105,6 @@ constexpr setting_info k_settings[row_count] = {
      "migration thread waits before each of its VMM calls while one of the program's is in progress or ended less "
      "than 40 us ago, 20 ms at most (0: the driver's own order, in which the program's calls could wait milliseconds "
      "behind the migration thread's remaps)"},
-    {"LAYERSWAP_GIVE_UP_PREFETCH", "1", "0 or 1 (also true/false, on/off, yes/no)",
-     "An allocation that does not fit in the budget first evicts a region that a prefetch brought in and no launch "
-     "has used yet: a remap on the allocating thread, no copy and no wait for the GPU; the region is prefetched again "
-     "later (0: it waits for an eviction in flight or evicts a used region, which waits until the GPU has caught up "
-     "with the work already issued)"},
 };
 
 constexpr std::string_view k_prefix = "LAYERSWAP";
@@ -515,7 +509,6 @@ std::string config::describe() const {
   line(row_reclaim, reclaim_fit ? "fit" : "oldest", "  (default)");
   line(row_reserve, reserve_text(*this), "  (default)");
   line(row_program_first, program_first ? "1" : "0", "  (default)");
-  line(row_give_up_prefetch, give_up_prefetch ? "1" : "0", "  (default)");
   for (const auto& message : unknown) {
     out += message;
     out += '\n';
@@ -570,9 +563,6 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
   if (const auto hold = given(row_hold)) result.hold = parse_bool(k_settings[row_hold].name, *hold);
   if (const auto first = given(row_program_first)) {
     result.program_first = parse_bool(k_settings[row_program_first].name, *first);
-  }
-  if (const auto give_up = given(row_give_up_prefetch)) {
-    result.give_up_prefetch = parse_bool(k_settings[row_give_up_prefetch].name, *give_up);
   }
   if (const auto composites = given(row_composites)) {
     result.composites = parse_bool(k_settings[row_composites].name, *composites);

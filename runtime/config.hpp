@@ -67,9 +67,6 @@ struct config {
   // LAYERSWAP_PROGRAM_FIRST: the program's VMM calls before the migration thread's (runtime/driver_calls.hpp, Note
   // [Program first]).
   bool program_first = true;
-  // LAYERSWAP_GIVE_UP_PREFETCH: an allocation that does not fit first evicts a landed prefetch no launch has used
-  // (allocator/residency.cpp, Note [Giving up a landed prefetch]).
-  bool give_up_prefetch = true;
   bool writeback_always = false;  // LAYERSWAP_WRITEBACK=always: no skip of clean write-backs (residency.cpp)
   // LAYERSWAP_OVERSIZE: under the budget's pressure, a large allocation takes an idle segment up to this many times
   // its size before reclaiming the cache (caching_allocator.cpp, Note [Oversize reuse]); 1 = off.

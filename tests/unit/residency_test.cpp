@@ -1126,62 +1126,6 @@ TEST(Residency, AllocationUnderPressureWaitsForTheOldestEvictionOnly) {
   h.expect_clean();
 }
 
-// Note [Giving up a landed prefetch]: an allocation that does not fit evicts a landed prefetch no launch has used
-// (a remap, no copy, no wait) before it waits for the eviction in flight; one that a launch used is no candidate.
-TEST(Residency, AllocationUnderPressureGivesUpALandedPrefetchFirst) {
-  fixed_forecast f;
-  harness h(16 * MiB, /*eager=*/false);
-  h.alloc.set_forecast_source(&f);
-  void* a = h.written(4 * MiB, 1);
-  void* b = h.written(4 * MiB, 2);
-  void* c = h.written(4 * MiB, 3);
-  h.sim.run_all();
-  ASSERT_TRUE(h.alloc.request_evict(c));
-  h.sim.run_all();
-  h.alloc.residency_tick();
-  ASSERT_EQ(h.alloc.residency_of(c), region_residency::host);
-  f.set({harness::id_of(b), harness::id_of(c)});  // the policy brings c back; c is used last
-  for (int i = 0; i < 4 && h.alloc.residency_of(c) != region_residency::device; ++i) {
-    h.alloc.residency_tick();
-    h.sim.run_all();
-  }
-  ASSERT_EQ(h.alloc.residency_of(c), region_residency::device);
-  const std::int64_t d2h = h.alloc.residency().bytes_d2h;
-  ASSERT_TRUE(h.alloc.request_evict(a));  // in flight: its copy waits for the device
-  void* d = h.alloc.allocate(8 * MiB, h.s1);  // 4 MiB short
-  ASSERT_NE(d, nullptr);
-  EXPECT_EQ(h.alloc.residency_of(c), region_residency::host);
-  EXPECT_EQ(h.alloc.residency_of(a), region_residency::moving_out) << "waited for the eviction in flight";
-  EXPECT_EQ(h.alloc.residency().prefetches_given_up, 1);
-  EXPECT_EQ(h.alloc.residency().stall_evictions, 1);
-  EXPECT_EQ(h.alloc.residency().bytes_d2h, d2h) << "a landed prefetch was copied back";
-  EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
-  h.sim.run_all();
-  h.alloc.residency_tick();
-  EXPECT_TRUE(h.holds(a, 4 * MiB, 1));
-  EXPECT_TRUE(h.holds(c, 4 * MiB, 3));
-  h.alloc.deallocate(d);
-  // c comes back and a launch writes it: no longer a candidate. The next allocation under pressure evicts it the
-  // usual way, with its write copied back.
-  for (int i = 0; i < 4 && h.alloc.residency_of(c) != region_residency::device; ++i) {
-    h.alloc.residency_tick();
-    h.sim.run_all();
-  }
-  ASSERT_EQ(h.alloc.residency_of(c), region_residency::device);
-  h.write(h.s1, c, 4 * MiB, 4);
-  void* e = h.alloc.allocate(12 * MiB, h.s1);
-  ASSERT_NE(e, nullptr);
-  EXPECT_EQ(h.alloc.residency().prefetches_given_up, 1);
-  h.sim.run_all();
-  h.alloc.residency_tick();
-  EXPECT_TRUE(h.holds(c, 4 * MiB, 4)) << "the write to c was lost";
-  EXPECT_TRUE(h.holds(a, 4 * MiB, 1));
-  EXPECT_TRUE(h.holds(b, 4 * MiB, 2));
-  for (void* p : {a, b, c, e}) h.alloc.deallocate(p);
-  h.sim.run_all();
-  h.expect_clean();
-}
-
 TEST(Residency, PolicyPrefetchesInForecastOrderWithinTheBudget) {
   fixed_forecast f;
   harness h(16 * MiB);

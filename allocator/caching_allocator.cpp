@@ -36,21 +36,8 @@
 //   became idle (recorded streams were waited for, Note [record_stream]). So the allocator records an
 //   event on that stream and waits for it. Each pool remembers the free epoch its last fence covered, so a
 //   burst of reclaims waits at most once per stream. With a residency engine, its thread also records fences
-//   without waiting (maintain(): several in flight per pool, Note [Fences in flight]) and notes when they complete,
-//   so that a reclaim usually finds a segment already fenced and waits for nothing.
-//
-// Note [Fences in flight]
-//   The launching thread runs ahead of the GPU: in full fine-tuning under a budget the GPU is ~15-20 ms behind, and a
-//   fence recorded now completes only when the GPU has done everything issued so far. With one fence in flight per
-//   pool, a segment freed just after it was recorded waits for the next one, recorded once it completes: up to twice
-//   that lag before it counts as fenced; and a reclaim that found none fenced recorded a fence of its own and waited
-//   for all of it (session 42's record: 0.13 s a step of such waits in full fine-tuning at 10%). So maintain() keeps
-//   up to k_fences_in_flight fences per pool, each recorded at least k_fence_spacing_ns after the last while idle
-//   segments wait for one: a segment is fenced about a millisecond after the GPU is past its free. A reclaim that
-//   must wait (fence_locked) waits for the oldest fence in flight that covers the segment's free, which is behind
-//   no later work; only when none does (its free came after the newest) does it record one and wait for all. The
-//   events of one stream complete in the order they were recorded, so poll_fences_locked() reads the pool's oldest
-//   first and stops at the first incomplete, and a wait for one completes every fence before it.
+//   without waiting (maintain(): one in flight per pool) and notes when they complete, so that a reclaim usually
+//   finds a segment already fenced and waits for nothing.
 //
 // Note [record_stream]
 //   A block used on other streams (Tensor.record_stream) is not returned at deallocate(): an event is
@@ -209,7 +196,6 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
-#include <deque>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -232,9 +218,6 @@ namespace layerswap {
 namespace {
 
 constexpr std::uint32_t k_none = std::numeric_limits<std::uint32_t>::max();
-// Note [Fences in flight]: at most this many asynchronous fences per pool, recorded at least this far apart.
-constexpr std::size_t k_fences_in_flight = 32;
-constexpr std::uint64_t k_fence_spacing_ns = 1'000'000;
 
 struct segment;
 struct stream_pool;
@@ -348,17 +331,12 @@ struct stream_pool {
   std::vector<pool_list> partial;        // slabs with a free block, indexed by size class
   std::vector<segment*> split;           // large segments shared by allocations (Note [Split segments])
   std::uint64_t fenced_epoch = 0;        // every segment idle at or before this epoch is fenced
-  // Asynchronous fences (Note [Fences in flight]), oldest first: each recorded on `stream` at an epoch, not waited
-  // for; as each completes, fenced_epoch catches up with it.
-  struct fence {
-    event_handle event = nullptr;
-    std::uint64_t epoch = 0;
-    std::uint64_t recorded_ns = 0;  // fast_clock::steady_ns()
-  };
-  std::deque<fence> fences;
+  // An asynchronous fence (Note [Unmap fences]): recorded on `stream` at epoch `fence_epoch`, not waited for;
+  // once it has completed, fenced_epoch catches up with it.
+  event_handle fence_event = nullptr;
+  std::uint64_t fence_epoch = 0;
   std::uint64_t idle_epoch = 0;  // the newest free_epoch of a segment that went idle in this pool
 };
-using pool_fence = stream_pool::fence;
 
 struct arena {
   device_ptr base = 0;
@@ -643,8 +621,7 @@ caching_allocator::impl::~impl() {
     idle_pages.clear();
     engine.reset();
     for (auto& pool : pools) {
-      for (const auto& f : pool->fences) spare_events.push_back(f.event);
-      pool->fences.clear();
+      if (pool->fence_event) spare_events.push_back(std::exchange(pool->fence_event, nullptr));
     }
     for (auto& a : arenas) port.unreserve(a->base, a->bytes);
     for (event_handle e : spare_events) port.destroy_event(e);
@@ -1130,28 +1107,7 @@ void caching_allocator::impl::fence_pool_locked(stream_pool* pool) {
 
 void caching_allocator::impl::fence_locked(segment* seg) {
   if (seg->free_epoch <= seg->pool->fenced_epoch && seg->free_epoch != 0) return;
-  stream_pool* pool = seg->pool;
-  if (seg->free_epoch != 0) {  // Note [Fences in flight]: the oldest fence in flight that covers it, if one does
-    for (std::size_t i = 0; i < pool->fences.size(); ++i) {
-      if (pool->fences[i].epoch < seg->free_epoch) continue;
-      if (engine) engine->release_holds_locked();  // the wait may reach a launch held on a prefetch
-      const auto start = std::chrono::steady_clock::now();
-      port.wait(pool->fences[i].event);
-      st.host_wait_us += elapsed_us(start);
-      ++st.num_host_waits;
-      ++st.num_fence_waits_in_flight;
-      // Events of one stream complete in the order they were recorded: this one and those before it are done.
-      for (std::size_t k = 0; k <= i; ++k) {
-        pool->fenced_epoch = std::max(pool->fenced_epoch, pool->fences.front().epoch);
-        spare_events.push_back(pool->fences.front().event);
-        pool->fences.pop_front();
-      }
-      fences_wanted = true;
-      if (!zombies.empty()) reap_zombies_locked();
-      return;
-    }
-  }
-  fence_pool_locked(pool);
+  fence_pool_locked(seg->pool);
 }
 
 void caching_allocator::impl::destroy_segment_locked(segment* seg) {
@@ -1713,11 +1669,10 @@ std::size_t caching_allocator::impl::idle_bytes() const { return idle.pages << g
 // Completed asynchronous fences advance their pool's fenced epoch.
 void caching_allocator::impl::poll_fences_locked() {
   for (auto& pool : pools) {
-    // In recording order, which is completion order on one stream: the first not complete ends the pass.
-    while (!pool->fences.empty() && port.query(pool->fences.front().event)) {
-      pool->fenced_epoch = std::max(pool->fenced_epoch, pool->fences.front().epoch);
-      spare_events.push_back(pool->fences.front().event);
-      pool->fences.pop_front();
+    if (pool->fence_event && port.query(pool->fence_event)) {
+      pool->fenced_epoch = std::max(pool->fenced_epoch, pool->fence_epoch);
+      spare_events.push_back(pool->fence_event);
+      pool->fence_event = nullptr;
       fences_wanted = true;  // its pool's segments freed since it was recorded want one of their own
     }
   }
@@ -1767,26 +1722,13 @@ bool caching_allocator::impl::reclaim_idle_sized(std::size_t bytes) {
 // left the idle list since gets one it did not need: an event record.
 void caching_allocator::impl::start_fences_locked() {
   if (!fences_wanted) return;
-  bool later = false;  // a pool wants a fence that the spacing or the cap holds back: the next call looks again
-  std::uint64_t now_ns = 0;
   for (auto& pool : pools) {
-    const std::uint64_t covered = pool->fences.empty() ? pool->fenced_epoch : pool->fences.back().epoch;
-    if (pool->idle_epoch <= covered) continue;
-    if (!pool->fences.empty()) {  // Note [Fences in flight]
-      if (now_ns == 0) now_ns = fast_clock::steady_ns();
-      if (pool->fences.size() >= k_fences_in_flight || now_ns - pool->fences.back().recorded_ns < k_fence_spacing_ns) {
-        later = true;
-        continue;
-      }
-    }
-    pool_fence f;
-    f.event = take_event_locked();
-    f.epoch = epoch;
-    f.recorded_ns = now_ns != 0 ? now_ns : fast_clock::steady_ns();
-    port.record(f.event, pool->stream);
-    pool->fences.push_back(f);
+    if (pool->fence_event || pool->idle_epoch <= pool->fenced_epoch) continue;
+    pool->fence_event = take_event_locked();
+    pool->fence_epoch = epoch;
+    port.record(pool->fence_event, pool->stream);
   }
-  fences_wanted = later;  // else every idle segment is fenced, or a fence in flight covers it
+  fences_wanted = false;  // every idle segment is fenced, or its pool has a fence in flight
 }
 
 void caching_allocator::impl::maintain() {
@@ -1948,7 +1890,6 @@ void caching_allocator::reset_accumulated_stats() {
   impl_->st.device_bytes.reset_accumulated();
   impl_->st.num_alloc_retries = impl_->st.num_ooms = 0;
   impl_->st.num_device_alloc = impl_->st.num_device_free = impl_->st.num_host_waits = 0;
-  impl_->st.num_fence_waits_in_flight = 0;
   impl_->st.host_wait_us = impl_->st.stall_us = 0;
   impl_->st.num_calls = impl_->st.call_ns = 0;
   impl_->call_ticks = 0;

@@ -67,7 +67,6 @@ struct allocator_stats {
   std::int64_t num_device_free = 0;   // ... released to the driver
   std::int64_t num_host_waits = 0;    // times the allocator waited for a stream's event
   std::int64_t host_wait_us = 0;      // ... the time those waits took, with the synchronous evictions' (below)
-  std::int64_t num_fence_waits_in_flight = 0;  // ... of which on a fence already in flight (Note [Fences in flight])
   std::int64_t stall_us = 0;          // time allocations spent in synchronous evictions (residency.cpp)
   std::int64_t num_lock_waits = 0;    // allocate/deallocate calls that found the allocator's mutex taken
   std::int64_t lock_wait_us = 0;      // ... and the time they waited for it

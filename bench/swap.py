@@ -931,7 +931,7 @@ def ls_snapshot(ls, device):
 # layerswap statistics reported per timed step (differences of two snapshots over the timed steps).
 PER_STEP_STATS = ("launch_wait_s", "launch_waits", "launch_holds", "stall_evictions", "abandoned", "lock_wait_s",
                   "num_lock_waits", "evictions", "writeback_skipped", "writeback_checked", "launch_api_s",
-                  "launch_api_calls", "host_wait_s", "num_host_waits", "num_fence_waits_in_flight", "stall_s", "policy_rounds", "policy_s",
+                  "launch_api_calls", "host_wait_s", "num_host_waits", "stall_s", "policy_rounds", "policy_s",
                   "remap_s", "stage_s", "remap_in_s", "remap_out_s", "prefetches", "chunks_created", "chunks_released", "call_s", "num_calls",
                   "num_reclaims", "num_engine_reclaims", "segment_new_s", "segment_destroy_s", "chunks_for_segments",
                   "chunks_released_for_size", "chunks_released_for_pages", "small_segments.allocated",

@@ -60,7 +60,6 @@ py::dict stats_dict(const allocator_stats& s) {
   d["num_device_alloc"] = s.num_device_alloc;
   d["num_device_free"] = s.num_device_free;
   d["num_host_waits"] = s.num_host_waits;
-  d["num_fence_waits_in_flight"] = s.num_fence_waits_in_flight;
   d["host_wait_s"] = static_cast<double>(s.host_wait_us) * 1e-6;
   d["stall_s"] = static_cast<double>(s.stall_us) * 1e-6;
   d["num_lock_waits"] = s.num_lock_waits;

@@ -1126,38 +1126,6 @@ TEST(Residency, AllocationUnderPressureWaitsForTheOldestEvictionOnly) {
   h.expect_clean();
 }
 
-// Note [Fences in flight]: the migration thread keeps several fences in flight per stream; a reclaim that must wait
-// waits for the oldest one that covers its segment's free, not for a fence recorded now behind all later work.
-TEST(Residency, ReclaimWaitsForTheOldestFenceThatCoversIt) {
-  harness h(16 * MiB, /*eager=*/false);
-  const auto tick = [&h] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the policy's period and the fences' spacing
-    h.alloc.residency_tick();
-  };
-  void* a = h.alloc.allocate(4 * MiB, h.s1);
-  h.write(h.s1, a, 4 * MiB, 1);
-  h.alloc.deallocate(a);
-  tick();  // a fence after a's kernel
-  void* b = h.alloc.allocate(8 * MiB, h.s1);
-  h.write(h.s1, b, 8 * MiB, 2);
-  h.alloc.deallocate(b);
-  tick();  // a second fence, after b's kernel, the first still in flight
-  void* x = h.alloc.allocate(2 * MiB, h.s1);
-  h.write(h.s1, x, 2 * MiB, 3);
-  const std::size_t queued = h.sim.pending(h.s1);
-  ASSERT_GE(queued, 5u);  // three kernels and two fences
-  void* c = h.alloc.allocate(6 * MiB, h.s2);  // 4 MiB short: a is reclaimed, after its fence
-  ASSERT_NE(c, nullptr);
-  EXPECT_EQ(h.alloc.stats().num_fence_waits_in_flight, 1);
-  EXPECT_GT(h.sim.pending(h.s1), 0u) << "the reclaim waited for work enqueued after a's free";
-  EXPECT_LT(h.sim.pending(h.s1), queued);
-  h.sim.run_all();
-  EXPECT_TRUE(h.holds(x, 2 * MiB, 3));
-  for (void* p : {x, c}) h.alloc.deallocate(p);
-  h.sim.run_all();
-  h.expect_clean();
-}
-
 TEST(Residency, PolicyPrefetchesInForecastOrderWithinTheBudget) {
   fixed_forecast f;
   harness h(16 * MiB);

@@ -678,9 +678,11 @@ def self_test_interleave():
             for m in members:
                 if m["side"] == "layerswap" and m["key"][0] == "variant":  # --variant: twice the default's step,
                     out[m["key"]] = {"train": train([[0.01, 0.24], [0.01, 0.22], [0.01, 0.26]]),  # but in cycle 2
-                                     "peak_reserved": 5}
+                                     "peak_reserved": 5,  # and from /old, but at 0.5 from the default's install
+                                     "layerswap_module": "/site/layerswap" if m["key"][2] == 0.5 else "/old/layerswap"}
                 elif m["side"] == "layerswap":
-                    out[m["key"]] = {"train": train(ls_blocks), "peak_reserved": 5}
+                    out[m["key"]] = {"train": train(ls_blocks), "peak_reserved": 5,
+                                     "layerswap_module": "/site/layerswap"}
                 elif m["side"] == "block_swap":
                     out[m["key"]] = {"train": train([[1, 0.24], [1, 0.44], [1, 0.26]]), "peak_reserved": 5}
                 elif m["side"] == "accelerate_cpu_offload":
@@ -719,6 +721,9 @@ def self_test_interleave():
     assert v["against_layerswap"]["median_ratio"] == 2.0 and abs(v["interleave"]["median_ratio"] - 2.4) < 1e-9, v
     assert abs(v["step_over_bound"] - 2.4) < 1e-9 and "layerswap_stats" not in v and c50["variants"]["old"], v
     assert res["settings"]["variants"] == {"old": {"LAYERSWAP_X": "0", "PYTHONPATH": "/old"}}
+    assert v["layerswap_module"] == "/old/layerswap" and c25["layerswap_module"] == "/site/layerswap", v
+    same = [n for n in res["notes"] if "compares that build with itself" in n]
+    assert len(same) == 1 and same[0].startswith("llama-lora 0.5: variant old sets PYTHONPATH=/old"), res["notes"]
     assert "variant old (LAYERSWAP_X=0,PYTHONPATH=/old): step 0.2400 s, per cycle 2.000x the default" in text.getvalue()
     _assert_rejected(["--interleave", "2", "--rounds", "2"], ["--interleave", "2", "--block", "1"],
                      ["--interleave", "-1"], ["--variant", "a:LAYERSWAP_X=1"],
@@ -1067,6 +1072,7 @@ def worker_train(spec, out, log):
             raise RuntimeError("layerswap could not be enabled")
         ls = layerswap
         out["layerswap_config"] = {k: v for k, v in layerswap.config().items()}
+        out["layerswap_module"] = os.path.dirname(os.path.abspath(layerswap.__file__))  # which install (--variant)
     else:
         try:
             import layerswap
@@ -1712,6 +1718,17 @@ def run_all(args, save=lambda res: None, runner_class=None):
     return res
 
 
+def same_build_note(c, name, v):
+    """A note when variant `name` of case `c` sets PYTHONPATH (another install of layerswap) but loaded layerswap from
+    where the default side did: its comparison is then of a build with itself (session 43: the second install had
+    failed, and both sides ran the new build). None when it loaded another one, or either path is unknown."""
+    path, default = v.get("layerswap_module"), c.get("layerswap_module")
+    if "PYTHONPATH" not in (v.get("env") or {}) or not path or path != default:
+        return None
+    return (f"{c['model']} {c['budget_fraction']:g}: variant {name} sets PYTHONPATH={v['env']['PYTHONPATH']} but "
+            f"loaded layerswap from {path}, as the default side did: it compares that build with itself")
+
+
 STEAL_NOTE_SHARE = 0.05  # CPU steal above this share of the layerswap side's step gets a note (steal_notes)
 
 
@@ -1858,6 +1875,9 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
             # Per cycle, the variant's block against the default layerswap side's: > 1, the variant is slower.
             v["against_layerswap"] = paired_ratios(blocks(key), blocks(("layerswap", f)))
             c.setdefault("variants", {})[name] = v
+            note = same_build_note(c, name, v)
+            if note and note not in res["notes"]:
+                res["notes"].append(note)
         for peer in PEERS:
             r = got.get((peer, f))
             if r is None:
@@ -2045,6 +2065,7 @@ def fill_layerswap(c, ls, resident, timing=None):
     train = ls.get("train") or {}
     train_resident = (timing or resident).get("train") or {}
     c["step_s"] = median_step(ls)
+    c["layerswap_module"] = ls.get("layerswap_module")
     # Where the step's time goes: the launching thread against the device; the tail: work on other streams.
     for key in ("median_issue_s", "median_cpu_s", "median_tail_s", "median_phase_s"):
         c[key.replace("median_", "")] = train.get(key)

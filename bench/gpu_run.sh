@@ -4,6 +4,7 @@
 #
 #   bench/gpu_run.sh                 # every step
 #   bench/gpu_run.sh build pytest    # only some: info install cmake ctest pytest bench (build = install cmake)
+#   bench/gpu_run.sh ensure          # install only if the installed package was not built from this tree's sources
 #
 # Full logs go to $OUT (default /tmp/layerswap-gpu-run): info.log, build.log (pip + CMake), ctest.log, pytest.log
 # (+ pytest.xml), bench.log, foundation.json; the console gets each step's tail and a summary table. A failed
@@ -27,6 +28,7 @@ DEADLINE=${GPU_RUN_DEADLINE:-570}
 JOBS=${GPU_RUN_JOBS:-16}
 
 ALL_STEPS=(info install cmake ctest pytest bench)
+ENSURE=
 declare -A WANT=()
 if [ $# -eq 0 ]; then
   for s in "${ALL_STEPS[@]}"; do WANT[$s]=1; done
@@ -37,7 +39,8 @@ else
       all) for s in "${ALL_STEPS[@]}"; do WANT[$s]=1; done ;;
       build) WANT[install]=1; WANT[cmake]=1 ;;
       info|install|cmake|ctest|pytest|bench) WANT[$a]=1 ;;
-      *) echo "gpu_run.sh: unknown step '$a' (steps: ${ALL_STEPS[*]} build all)" >&2; exit 2 ;;
+      ensure) WANT[install]=1; ENSURE=1 ;;
+      *) echo "gpu_run.sh: unknown step '$a' (steps: ${ALL_STEPS[*]} build ensure all)" >&2; exit 2 ;;
     esac
   done
 fi
@@ -98,8 +101,25 @@ step_info() {
   return 0
 }
 
+# A hash of the library's sources (what the install builds), so that an install says which tree it came from: the
+# install step writes it into the package (SOURCE_HASH), `ensure` compares, and bench/swap.py records it per side. A
+# warm machine keeps the last call's install, which may be of another tree (session 43 ran a benchmark on one).
+source_hash() {
+  find allocator profiler runtime bindings cmake CMakeLists.txt pyproject.toml -type f -print0 2>/dev/null |
+    LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16
+}
+
+installed_hash() {
+  (cd / && "$PY" -c "import layerswap, os; print(open(os.path.join(os.path.dirname(layerswap.__file__), 'SOURCE_HASH')).read().strip())" 2>/dev/null)
+}
+
 step_install() {
-  local pip=("$PY" -m pip) rc
+  local pip=("$PY" -m pip) rc want
+  want=$(source_hash)
+  if [ -n "$ENSURE" ] && [ "$(installed_hash)" = "$want" ]; then
+    echo "installed package built from these sources ($want): not reinstalled"
+    return 0
+  fi
   "$PY" -m pip --version >/dev/null 2>&1 || pip=(pip)
   # shellcheck disable=SC2086 # GPU_RUN_PIP_ARGS is a list of words
   timeout "$STEP_LIMIT" "${pip[@]}" install --no-build-isolation --no-deps -q ${GPU_RUN_PIP_ARGS:-} . && rc=0 || rc=$?
@@ -109,8 +129,8 @@ step_install() {
     timeout "$STEP_LIMIT" "${pip[@]}" install --no-build-isolation --no-deps -q --break-system-packages ${GPU_RUN_PIP_ARGS:-} . && rc=0 || rc=$?
   fi
   [ "$rc" -ne 0 ] && return "$rc"
-  # The installed package, seen from outside the source tree.
-  (cd / && "$PY" -c "import torch, layerswap, layerswap._C as C, os; d=os.path.dirname(layerswap.__file__); print('installed:', d, sorted(f for f in os.listdir(d) if f.endswith('.so'))); print('gpu_available:', C.gpu_available())")
+  # The installed package, seen from outside the source tree, stamped with the sources it was built from.
+  (cd / && GPU_RUN_SOURCE_HASH="$want" "$PY" -c "import torch, layerswap, layerswap._C as C, os; d=os.path.dirname(layerswap.__file__); open(os.path.join(d, 'SOURCE_HASH'), 'w').write(os.environ['GPU_RUN_SOURCE_HASH'] + '\n'); print('installed:', d, sorted(f for f in os.listdir(d) if f.endswith('.so')), 'sources', os.environ['GPU_RUN_SOURCE_HASH']); print('gpu_available:', C.gpu_available())")
 }
 
 step_cmake() {

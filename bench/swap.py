@@ -1073,6 +1073,11 @@ def worker_train(spec, out, log):
         ls = layerswap
         out["layerswap_config"] = {k: v for k, v in layerswap.config().items()}
         out["layerswap_module"] = os.path.dirname(os.path.abspath(layerswap.__file__))  # which install (--variant)
+        try:  # the sources it was built from, when bench/gpu_run.sh installed it
+            with open(os.path.join(out["layerswap_module"], "SOURCE_HASH")) as f:
+                out["layerswap_source"] = f.read().strip()
+        except OSError:
+            out["layerswap_source"] = None
     else:
         try:
             import layerswap
@@ -2066,6 +2071,7 @@ def fill_layerswap(c, ls, resident, timing=None):
     train_resident = (timing or resident).get("train") or {}
     c["step_s"] = median_step(ls)
     c["layerswap_module"] = ls.get("layerswap_module")
+    c["layerswap_source"] = ls.get("layerswap_source")  # bench/gpu_run.sh's hash of the sources it was built from
     # Where the step's time goes: the launching thread against the device; the tail: work on other streams.
     for key in ("median_issue_s", "median_cpu_s", "median_tail_s", "median_phase_s"):
         c[key.replace("median_", "")] = train.get(key)

@@ -85,39 +85,33 @@ def probe_layout(cu, dev, va, region, host, pieces, reps, per_piece):
     rows = {"in": [], "out": []}
     map_host()
     try:
-        loop(rows, reps, region, va, map_pieces, unmap_pieces, map_host, unmap_host)
+        for i in range(reps):
+            rows["in"].append(timed(lambda: (unmap_host(), map_pieces())))
+            if i == 0:  # what is written through the VA lands in the pieces and comes back
+                check_reads_back(va, region, pieces)
+            rows["out"].append(timed(lambda: (unmap_pieces(), map_host())))
     except RuntimeError as err:  # a call the driver refused: recorded, and the VA cleared for the next layout
-        for fn in (unmap_pieces, unmap_host):
+        offsets = [sum(b for _, b in pieces[:i]) for i in range(len(pieces))]
+        for off, b in [(0, region)] + list(zip(offsets, (b for _, b in pieces))):  # the host mapping, or the pieces'
             try:
-                fn()
+                ck(cu.cuMemUnmap(ctypes.c_ulonglong(va.value + off), ctypes.c_size_t(b)), "unmap")
             except RuntimeError:
                 pass
-        off = 0
-        for _, b in pieces:
-            try:
-                ck(cu.cuMemUnmap(ctypes.c_ulonglong(va.value + off), ctypes.c_size_t(b)), "unmap piece")
-            except RuntimeError:
-                pass
-            off += b
         return {"error": str(err)}
     unmap_host()
     return {k: statistics.median(v) for k, v in rows.items()}
 
 
-def loop(rows, reps, region, va, map_pieces, unmap_pieces, map_host, unmap_host):
-    """The timed round trips (probe_layout), the first one checked through a torch copy."""
-    for i in range(reps):
-        rows["in"].append(timed(lambda: (unmap_host(), map_pieces())))
-        if i == 0:  # what is written through the VA lands in the pieces and comes back
-            t = torch.as_tensor(CudaArray(va.value, (region,), "|u1"), device="cuda")
-            t.copy_(torch.arange(region, device="cuda", dtype=torch.int64).remainder(251).to(torch.uint8))
-            torch.cuda.synchronize()
-            ok = bool(torch.equal(t, torch.arange(region, device="cuda", dtype=torch.int64).remainder(251)
-                                  .to(torch.uint8)))
-            if not ok:
-                raise RuntimeError(f"pieces {[b // MIB for _, b in pieces]}: the region does not read back")
-            del t
-        rows["out"].append(timed(lambda: (unmap_pieces(), map_host())))
+def check_reads_back(va, region, pieces):
+    """A torch copy into the region's VA and a comparison: the pieces hold what was written."""
+    expected = torch.arange(region, device="cuda", dtype=torch.int64).remainder(251).to(torch.uint8)
+    t = torch.as_tensor(CudaArray(va.value, (region,), "|u1"), device="cuda")
+    t.copy_(expected)
+    torch.cuda.synchronize()
+    ok = bool(torch.equal(t, expected))
+    del t
+    if not ok:
+        raise RuntimeError(f"pieces {[b // MIB for _, b in pieces]}: the region does not read back")
 
 
 def main():

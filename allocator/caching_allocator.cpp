@@ -185,6 +185,18 @@
 //   calls took 5.9 ms per step instead of 9.3 (segment making 2.0 ms instead of 4.2, mutex waits 2.3 ms instead of
 //   2.9), and launches waited no longer for prefetches (2.0 ms per step against 2.4).
 //
+// Note [Slabs change class]
+//   A slab holds blocks of one size class. A request of a class with no slab that has a free block takes an idle slab
+//   of another class first (same stream pool, same bytes, no block live or pending), and makes it a slab of its own
+//   class: the same pages, still mapped, reused on the stream that freed them (Note [Stream-ordered reuse]), so no
+//   driver call and no fence, where a new slab creates pages, maps them and grants access on the program's thread
+//   (behind the migration thread's VMM calls), and the idle slab it replaces is destroyed by a later reclaim. The
+//   1.1B LoRA frees its ~300 fp32 adapter gradients (128 KiB each, ~20 slabs) at every step's zero_grad and
+//   allocates them again at the end of the backward pass; in between, other classes' requests (the forward pass's
+//   512 KiB blocks) had reclaimed those idle slabs by fit (Note [Reclaim by fit]: a 2 MiB slab is the smallest idle
+//   segment that covers one granule), so ~30 slabs a step were made and destroyed (a debug log, docs/history.md,
+//   session 44).
+//
 // Locking: one mutex per allocator; public methods take it, *_locked helpers assume it. The residency engine
 // runs under the same mutex (its migration thread takes it).
 #include "allocator/caching_allocator.hpp"
@@ -196,6 +208,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -544,6 +557,8 @@ struct caching_allocator::impl final : detail::page_source {
   // Note [Home segments]: a segment of `pool` at the home VA of the engine's smallest spare chunk of `lo`..`hi`
   // bytes whose home lies in the arena of homes, holding that chunk; nullptr: no such spare.
   segment* home_segment_locked(stream_pool* pool, std::size_t lo, std::size_t hi);
+  // Note [Slabs change class]
+  segment* idle_slab_locked(const stream_pool* pool, std::size_t bytes) const noexcept;
   [[nodiscard]] bool homes_on() const noexcept { return home_arena != nullptr; }
   void release_va_locked(device_ptr va, std::size_t npages);
   // The first free run of `a` with `npages` granules, taken (0: none), and a range given back to a's free runs,
@@ -1202,6 +1217,14 @@ void caching_allocator::impl::make_idle_locked(segment* seg) {
   idle.push_back(seg);
 }
 
+// Note [Slabs change class]: an idle slab of `pool` of `bytes`, least recently freed first; nullptr: none.
+segment* caching_allocator::impl::idle_slab_locked(const stream_pool* pool, std::size_t bytes) const noexcept {
+  for (segment* seg = idle.head; seg; seg = seg->idle_hook.next) {
+    if (seg->slab && seg->pool == pool && seg->bytes == bytes && seg->used == 0) return seg;
+  }
+  return nullptr;
+}
+
 // ---- blocks ----
 
 void* caching_allocator::impl::allocate_small_locked(std::size_t bytes, stream_pool* pool) {
@@ -1211,8 +1234,24 @@ void* caching_allocator::impl::allocate_small_locked(std::size_t bytes, stream_p
   if (!seg) {
     const std::size_t block = size_class_bytes(cls);
     const std::size_t slab_bytes = slab_bytes_for(block, gran);
-    seg = new_segment_locked(pool, slab_bytes, bytes);
-    seg->slab = true;
+    seg = idle_slab_locked(pool, slab_bytes);  // Note [Slabs change class]
+    if (seg) {
+      pool->partial[seg->cls].erase(seg);
+      idle.erase(seg);
+      ++st.num_slab_reuses;
+    } else {
+      if (engine && log_enabled(log_level::debug)) {
+        LAYERSWAP_LOG(debug, "device %d: the program makes a slab of %s for %s (room %s, idle %s); engine: %s",
+                      st.device, format_bytes(slab_bytes).c_str(), format_bytes(bytes).c_str(),
+                      format_bytes(room_now_locked() << gran_shift).c_str(),
+                      format_bytes(idle.pages << gran_shift).c_str(), engine->describe_locked().c_str());
+      }
+      seg = new_segment_locked(pool, slab_bytes, bytes);
+      seg->slab = true;
+      count(true, &pool_stats::segments, 1);
+      count(true, &pool_stats::reserved_bytes, static_cast<std::int64_t>(slab_bytes), false);  // pages left the pool
+      count(false, &pool_stats::reserved_bytes, -static_cast<std::int64_t>(slab_bytes), false);
+    }
     seg->cls = cls;
     seg->block = block;
     seg->nblocks = static_cast<std::uint32_t>(slab_bytes / block);
@@ -1220,9 +1259,6 @@ void* caching_allocator::impl::allocate_small_locked(std::size_t bytes, stream_p
     seg->requested_of.assign(seg->nblocks, 0);
     for (std::uint32_t i = 0; i < seg->nblocks; ++i) seg->next_free[i] = i + 1 < seg->nblocks ? i + 1 : k_none;
     seg->free_head = 0;
-    count(true, &pool_stats::segments, 1);
-    count(true, &pool_stats::reserved_bytes, static_cast<std::int64_t>(slab_bytes), false);  // pages left the pool
-    count(false, &pool_stats::reserved_bytes, -static_cast<std::int64_t>(slab_bytes), false);
     list.push_back(seg);
   } else if (seg->used == 0) {
     idle.erase(seg);  // back in use
@@ -1275,6 +1311,12 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
     }
     if (!seg) {
       if (engine) {
+        if (log_enabled(log_level::debug)) {
+          LAYERSWAP_LOG(debug, "device %d: the program makes a chunk of %s for %s (room %s, idle %s); engine: %s",
+                        st.device, format_bytes(npages << gran_shift).c_str(), format_bytes(bytes).c_str(),
+                        format_bytes(room_now_locked() << gran_shift).c_str(),
+                        format_bytes(idle.pages << gran_shift).c_str(), engine->describe_locked().c_str());
+        }
         seg = new_chunk_segment_locked(pool, npages << gran_shift, bytes);  // the engine knows it (add_locked)
       } else {
         seg = new_segment_locked(pool, npages << gran_shift, bytes);
@@ -1895,7 +1937,7 @@ void caching_allocator::reset_accumulated_stats() {
   impl_->call_ticks = 0;
   impl_->st.num_reclaims = impl_->st.num_engine_reclaims = impl_->st.num_oversize_reuses = 0;
   impl_->st.num_composites = impl_->st.composite_donors = impl_->st.num_zombies_reaped = 0;
-  impl_->st.num_splits = impl_->st.num_spare_splits = impl_->st.num_home_segments = 0;
+  impl_->st.num_splits = impl_->st.num_spare_splits = impl_->st.num_home_segments = impl_->st.num_slab_reuses = 0;
   impl_->st.segment_new_ns = impl_->st.segment_destroy_ns = 0;
 }
 

@@ -83,6 +83,7 @@ struct allocator_stats {
   std::int64_t num_splits = 0;  // large allocations served by a range of a larger segment (Note [Split segments])
   std::int64_t num_spare_splits = 0;  // ... of a spare chunk made a segment for it (Note [Split spares])
   std::int64_t num_home_segments = 0;  // segments made at a spare chunk's home VA, no driver call (Note [Home segments])
+  std::int64_t num_slab_reuses = 0;  // idle slabs that took another size class instead of a new slab (Note [Slabs change class])
   std::int64_t segment_new_ns = 0;    // time making segments (memory gathered, mapped), reclaims and evictions included
   std::int64_t segment_destroy_ns = 0;  // time destroying segments (unmapped, memory pooled)
 };

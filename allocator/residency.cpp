@@ -278,10 +278,12 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <exception>
 #include <limits>
 #include <map>
 #include <optional>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -579,11 +581,16 @@ struct residency_engine::impl {
     // Note [Following reserve]: the room of a following reserve is the activations' segments; one of this size
     // gives its chunk as it is, where the budget has no room for a new one.
     if (options.reserve_follow && !spare_chunks.contains(r.bytes) && unused_bytes() < r.bytes) {
-      source.reclaim_idle_sized(r.bytes);
+      if (source.reclaim_idle_sized(r.bytes)) {
+        LAYERSWAP_LOG(debug, "a prefetch of %s took an idle segment's chunk of its size", format_bytes(r.bytes).c_str());
+      }
     }
     bool ok = claim_room(r.bytes, m);
     if (!ok && prefetch_urgent()) {
+      const std::size_t idle_before = source.idle_bytes();
       source.reclaim_idle(r.npages);  // a chunk-backed idle segment leaves a spare chunk of its own size
+      LAYERSWAP_LOG(debug, "a prefetch of %s reclaimed %s of the idle cache", format_bytes(r.bytes).c_str(),
+                    format_bytes(idle_before - std::min(idle_before, source.idle_bytes())).c_str());
       ok = claim_room(r.bytes, m);
     }
     st.room_us += elapsed_us(start);
@@ -2218,6 +2225,33 @@ std::size_t residency_engine::release_spare_locked(std::size_t pages) {
 }
 
 region_residency residency_engine::state_locked(const swap_region* r) const noexcept { return r->state; }
+
+std::string residency_engine::describe_locked() const {
+  const impl& m = *impl_;
+  std::string spares;
+  std::size_t shown = 0;
+  for (auto it = m.spare_chunks.begin(); it != m.spare_chunks.end(); it = m.spare_chunks.upper_bound(it->first)) {
+    if (shown++ == 8) {
+      spares += ", ...";
+      break;
+    }
+    spares += (spares.empty() ? "" : ", ") + std::to_string(m.spare_chunks.count(it->first)) + " x " +
+              format_bytes(it->first);
+  }
+  std::size_t out_n = 0, out_bytes = 0, in_n = 0, in_bytes = 0;
+  for (const swap_region* r : m.moving) {
+    if (!r->mv) continue;
+    (r->mv->to_device ? in_n : out_n) += 1;
+    (r->mv->to_device ? in_bytes : out_bytes) += r->bytes;
+  }
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "64th %zu, reserve %s, unused %s; spares %s (%s); evicting %zu (%s), prefetching %zu (%s)", m.phase,
+                format_bytes(static_cast<std::size_t>(m.st.reserve_bytes)).c_str(), format_bytes(m.unused_bytes()).c_str(),
+                format_bytes(m.spare_bytes).c_str(), spares.empty() ? "none" : spares.c_str(), out_n,
+                format_bytes(out_bytes).c_str(), in_n, format_bytes(in_bytes).c_str());
+  return line;
+}
 
 residency_stats residency_engine::stats_locked() const {
   const impl& m = *impl_;

@@ -261,6 +261,8 @@ class residency_engine {
   [[nodiscard]] std::size_t own_pages_locked() const noexcept;
   [[nodiscard]] region_residency state_locked(const swap_region* r) const noexcept;
   [[nodiscard]] residency_stats stats_locked() const;
+  // A line on the engine's memory for debug logs: the step's 64th and reserve, spare chunks by size, moves in flight.
+  [[nodiscard]] std::string describe_locked() const;
   // Checks the engine's invariants; returns "" or the first violation.
   [[nodiscard]] std::string verify_locked() const;
   // Settles every move (destructor of the allocator).

@@ -76,6 +76,7 @@ py::dict stats_dict(const allocator_stats& s) {
   d["num_splits"] = s.num_splits;
   d["num_spare_splits"] = s.num_spare_splits;
   d["num_home_segments"] = s.num_home_segments;
+  d["num_slab_reuses"] = s.num_slab_reuses;
   d["num_oversize_reuses"] = s.num_oversize_reuses;
   d["segment_new_s"] = static_cast<double>(s.segment_new_ns) * 1e-9;
   d["segment_destroy_s"] = static_cast<double>(s.segment_destroy_ns) * 1e-9;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <ranges>
 #include <thread>
 #include <vector>
 
@@ -138,6 +139,55 @@ TEST(Allocator, FreedBlockIsReusedAtOnceOnItsStreamOnly) {
     alloc.deallocate(r);
   }
   EXPECT_EQ(alloc.stats().num_host_waits, 0) << "no allocation here needed a host wait";
+  sim.run_all();
+  alloc.verify();
+  expect_clean(sim);
+}
+
+// Note [Slabs change class]: a request of a class with no free block takes an idle slab of another class on its own
+// stream (no new pages, no driver call); never one of another stream, nor one whose blocks are live or pending.
+TEST(Allocator, AnIdleSlabTakesAnotherClassOnItsStreamOnly) {
+  sim_options o;
+  o.eager = false;
+  sim_driver sim(o);
+  caching_allocator alloc(sim, {});
+  stream_handle a = sim.create_stream();
+  stream_handle b = sim.create_stream();
+  std::vector<void*> grads;
+  for (int i = 0; i < 16; ++i) {  // 16 x 128 KiB: one 2 MiB slab
+    grads.push_back(alloc.allocate(128 * k_kib, a));
+    write(sim, a, grads.back(), 128 * k_kib, static_cast<std::uint8_t>(i + 1));  // pending on a
+  }
+  const device_ptr slab_lo = std::ranges::min(grads | std::views::transform(dp));
+  void* held = alloc.allocate(128 * k_kib, a);  // a second slab, kept busy
+  alloc.record_stream(held, b);
+  write(sim, b, held, 128 * k_kib, 0x77);
+  for (void* p : grads) alloc.deallocate(p);
+  alloc.deallocate(held);  // pending on b: its slab is not idle
+  const std::int64_t segments = alloc.stats().all.segments.current;
+  const std::int64_t device_allocs = alloc.stats().num_device_alloc;
+
+  void* other = alloc.allocate(512 * k_kib, b);  // stream b: never a's idle slab
+  EXPECT_EQ(alloc.stats().num_slab_reuses, 0);
+  EXPECT_FALSE(dp(other) >= slab_lo && dp(other) < slab_lo + 2 * k_mib);
+  EXPECT_EQ(alloc.stats().all.segments.current, segments + 1);
+
+  void* act = alloc.allocate(512 * k_kib, a);  // stream a: the idle slab, as a slab of 512 KiB blocks
+  EXPECT_EQ(alloc.stats().num_slab_reuses, 1);
+  EXPECT_TRUE(dp(act) >= slab_lo && dp(act) < slab_lo + 2 * k_mib) << "not the idle slab's memory";
+  EXPECT_EQ(alloc.stats().all.segments.current, segments + 1) << "a slab was made for stream a";
+  EXPECT_EQ(alloc.stats().num_device_alloc, device_allocs + 1) << "only stream b's slab created pages";
+  EXPECT_FALSE(sim.pending_touches(dp(act), 512 * k_kib, a)) << "another stream's work is pending there";
+  EXPECT_TRUE(sim.pending_touches(dp(act), 512 * k_kib, b)) << "the old blocks' work done: not a reuse in order";
+  write(sim, a, act, 512 * k_kib, 0x42);
+  alloc.verify();
+  std::vector<void*> more;  // the rest of the slab's 512 KiB blocks, then a new slab
+  for (int i = 0; i < 4; ++i) more.push_back(alloc.allocate(512 * k_kib, a));
+  EXPECT_EQ(alloc.stats().num_slab_reuses, 1) << "the busy slab (pending on b) was taken";
+  alloc.verify();
+  for (void* p : more) alloc.deallocate(p);
+  alloc.deallocate(act);
+  alloc.deallocate(other);
   sim.run_all();
   alloc.verify();
   expect_clean(sim);

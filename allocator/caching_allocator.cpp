@@ -196,7 +196,8 @@
 //   is the smallest idle segment that covers one granule, Note [Reclaim by fit]) and the forward pass's 512 KiB
 //   blocks want slabs of their own. On the H100 at 25% (docs/history.md, session 44) the program made 4.1 slabs a
 //   step by default (~30 with LAYERSWAP_RESERVE=follow:8, a debug log) and 0.1 with this, ~40 idle slabs a step
-//   changing class; its reclaims fell from 11.7 to 4.5 a step, and the step was 0.93x the code before's (one call).
+//   changing class; its reclaims fell from 11.7 to 4.5 a step. The step was 0.93x and 1.02x the code before's in two
+//   calls: the driver calls saved are within the step's noise there.
 //
 // Locking: one mutex per allocator; public methods take it, *_locked helpers assume it. The residency engine
 // runs under the same mutex (its migration thread takes it).

@@ -38,6 +38,19 @@ void write(sim_driver& sim, stream_handle s, void* p, std::size_t bytes, std::ui
   sim.launch(s, a);
 }
 
+// A simulated device whose launches stay pending until run (not eager), its allocator and two streams.
+struct lazy_two_streams {
+  static sim_options lazy() {
+    sim_options o;
+    o.eager = false;
+    return o;
+  }
+  sim_driver sim{lazy()};
+  caching_allocator alloc{sim, {}};
+  stream_handle a = sim.create_stream();
+  stream_handle b = sim.create_stream();
+};
+
 TEST(Allocator, SmallAndLargeBlocksAreDistinctAndReadable) {
   sim_driver sim;
   caching_allocator alloc(sim, {});
@@ -120,12 +133,8 @@ TEST(Allocator, InArenaAnswersWithoutTheMutexAndOwnsStaysExact) {
 }
 
 TEST(Allocator, FreedBlockIsReusedAtOnceOnItsStreamOnly) {
-  sim_options o;
-  o.eager = false;
-  sim_driver sim(o);
-  caching_allocator alloc(sim, {});
-  stream_handle a = sim.create_stream();
-  stream_handle b = sim.create_stream();
+  lazy_two_streams t;
+  auto& [sim, alloc, a, b] = t;
   for (std::size_t bytes : {64 * k_kib, 8 * k_mib}) {
     void* p = alloc.allocate(bytes, a);
     write(sim, a, p, bytes, 1);  // pending on a
@@ -147,12 +156,8 @@ TEST(Allocator, FreedBlockIsReusedAtOnceOnItsStreamOnly) {
 // Note [Slabs change class]: a request of a class with no free block takes an idle slab of another class on its own
 // stream (no new pages, no driver call); never one of another stream, nor one whose blocks are live or pending.
 TEST(Allocator, AnIdleSlabTakesAnotherClassOnItsStreamOnly) {
-  sim_options o;
-  o.eager = false;
-  sim_driver sim(o);
-  caching_allocator alloc(sim, {});
-  stream_handle a = sim.create_stream();
-  stream_handle b = sim.create_stream();
+  lazy_two_streams t;
+  auto& [sim, alloc, a, b] = t;
   std::vector<void*> grads;
   for (int i = 0; i < 16; ++i) {  // 16 x 128 KiB: one 2 MiB slab
     grads.push_back(alloc.allocate(128 * k_kib, a));
@@ -194,12 +199,8 @@ TEST(Allocator, AnIdleSlabTakesAnotherClassOnItsStreamOnly) {
 }
 
 TEST(Allocator, RecordStreamDelaysReuseUntilTheOtherStreamIsDone) {
-  sim_options o;
-  o.eager = false;
-  sim_driver sim(o);
-  caching_allocator alloc(sim, {});
-  stream_handle a = sim.create_stream();
-  stream_handle b = sim.create_stream();
+  lazy_two_streams t;
+  auto& [sim, alloc, a, b] = t;
   for (std::size_t bytes : {100 * k_kib, 6 * k_mib}) {
     void* p = alloc.allocate(bytes, a);
     alloc.record_stream(p, b);

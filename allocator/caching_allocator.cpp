@@ -210,7 +210,6 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>

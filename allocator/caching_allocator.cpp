@@ -210,6 +210,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -439,6 +440,8 @@ struct caching_allocator::impl final : detail::page_source {
   // Note [Split bound]: the granules in free ranges of split segments, and the largest segment (granules) that a
   // request of `npages` may take whole and split within options.split_free (0: none; the maximum: no bound).
   std::size_t split_free_pages = 0;
+  const bool dev_ranges_first = std::getenv("LSDEV_RANGES_FIRST") != nullptr;  // DEV A/B, session 45
+  const bool dev_engine_fit = std::getenv("LSDEV_ENGINE_FIT") != nullptr;      // DEV A/B, session 45
   [[nodiscard]] std::size_t split_whole_most_locked(std::size_t npages) const noexcept {
     constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
     if (options.budget == 0 || options.split_free == none) return none;
@@ -570,6 +573,12 @@ struct caching_allocator::impl final : detail::page_source {
   void release_block_locked(segment* seg, std::uint32_t block);
   // Note [Split segments]
   void* allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool);
+  struct range_pick {
+    segment* seg;
+    std::size_t index;
+    std::size_t n;
+  };
+  [[nodiscard]] range_pick smallest_free_range_locked(const stream_pool* pool, std::size_t npages) const;
   void* allocate_spare_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool, bool homes_only);
   // The request's range from `seg`: its free range `index`, or, `whole`, the idle segment split for the first time.
   void* take_range_locked(segment* seg, std::size_t index, bool whole, std::size_t bytes, std::size_t npages);
@@ -1305,6 +1314,10 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
     idle.erase(seg);
   } else {
     if (engine && !homes_tried) {
+      if (options.split > 1 && dev_ranges_first) {
+        const range_pick pick = smallest_free_range_locked(pool, npages);
+        if (pick.seg) return take_range_locked(pick.seg, pick.index, false, bytes, npages);
+      }
       seg = home_segment_locked(pool, npages << gran_shift, window);  // Note [Home segments]
       if (!seg && options.split > 1) {  // ... or a larger one split, rather than a chunk made and mapped
         if (void* p = allocate_spare_split_locked(bytes, npages, pool, true)) return p;
@@ -1419,19 +1432,27 @@ bool caching_allocator::impl::splittable_locked(const segment* seg) const noexce
   return seg->swap && !engine->host_backed_locked(seg->swap) && !engine->moving_locked(seg->swap);
 }
 
-void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool) {
-  const std::size_t most = npages * options.split;
-  segment* best = nullptr;
-  std::size_t best_n = most + 1;
-  std::size_t best_range = 0;
-  bool whole = false;  // best is an idle segment
+// The smallest free range of `npages` .. `npages` * LAYERSWAP_SPLIT granules in a split segment of `pool`: its segment
+// (nullptr: none), the range's index, and its granules.
+caching_allocator::impl::range_pick caching_allocator::impl::smallest_free_range_locked(const stream_pool* pool,
+                                                                                      std::size_t npages) const {
+  range_pick best{nullptr, 0, npages * options.split + 1};
   for (segment* s : pool->split) {
     if (!splittable_locked(s)) continue;
     for (std::size_t i = 0; i < s->ranges.size(); ++i) {
       const split_range& r = s->ranges[i];
-      if (r.state == range_state::free && r.n >= npages && r.n < best_n) best = s, best_n = r.n, best_range = i;
+      if (r.state == range_state::free && r.n >= npages && r.n < best.n) best = {s, i, r.n};
     }
   }
+  return best;
+}
+
+void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool) {
+  const range_pick pick = smallest_free_range_locked(pool, npages);
+  segment* best = pick.seg;
+  std::size_t best_n = pick.n;
+  const std::size_t best_range = pick.index;
+  bool whole = false;  // best is an idle segment
   // An idle segment above the reuse window, only if smaller than that range: whole ones are kept whole first.
   const std::size_t end = std::min(pool->free_by_pages.size(), best_n);
   const std::size_t whole_most = split_whole_most_locked(npages);  // Note [Split bound]
@@ -1725,6 +1746,25 @@ void caching_allocator::impl::poll_fences_locked() {
 // For a prefetch: large idle segments first, slabs only when those do not make the room (Note [Slabs last]).
 void caching_allocator::impl::reclaim_idle(std::size_t n) {
   poll_fences_locked();
+  if (dev_engine_fit) {  // DEV: the smallest large idle segment that covers what is lacking, else the largest
+    while (room_now_locked() < n) {
+      const std::size_t want = n - room_now_locked();
+      segment* pick = nullptr;
+      segment* largest = nullptr;
+      for (segment* seg = idle.head; seg; seg = seg->idle_hook.next) {
+        if (seg->slab || !reclaimable_now_locked(seg)) continue;
+        if (seg->npages() >= want) {
+          if (!pick || seg->npages() < pick->npages()) pick = seg;
+        } else if (!largest || seg->npages() > largest->npages()) {
+          largest = seg;
+        }
+      }
+      if (!pick) pick = largest;
+      if (!pick) break;
+      destroy_segment_locked(pick);
+      ++st.num_engine_reclaims;
+    }
+  }
   for (const bool slabs : {false, true}) {
     for (segment* seg = idle.head; seg && room_now_locked() < n;) {
       segment* next = seg->idle_hook.next;

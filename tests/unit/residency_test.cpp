@@ -2713,6 +2713,56 @@ TEST(Residency, SplitBoundRefusesSplitsThatLeaveTooMuchFree) {
   }
 }
 
+// Note [Free ranges first]: a request that has room for a new segment takes a free range of a segment its stream split
+// instead, with no chunk made and no mapping, and leaves the room; a segment of its own size cached, or a whole idle
+// segment, is not touched that way (the first is a plain hit, the second is split only when there is no room).
+TEST(Residency, FreeRangesServeARequestBeforeItMakesASegment) {
+  split_on on;
+  harness h(24 * MiB, /*eager=*/false);
+  auto* big = static_cast<char*>(h.alloc.allocate(8 * MiB, h.s1));
+  void* fill = h.alloc.allocate(16 * MiB, h.s1);  // the budget is full
+  h.alloc.deallocate(big);
+  void* a = h.alloc.allocate(2 * MiB, h.s1);  // no room: a range of big, 6 MiB of it left free
+  ASSERT_EQ(a, big);
+  h.write(h.s1, a, 2 * MiB, 0x21);
+  h.alloc.deallocate(fill);
+  h.alloc.empty_cache();  // fill's memory is room now
+  const std::size_t creates = h.sim.num_creates(), maps = h.sim.num_maps();
+  const std::int64_t held = h.alloc.stats().device_bytes.current;
+  void* b = h.alloc.allocate(4 * MiB, h.s1);
+  EXPECT_EQ(b, big + 2 * MiB) << "the request made a segment beside a free range that holds it";
+  EXPECT_EQ(h.sim.num_creates(), creates);
+  EXPECT_EQ(h.sim.num_maps(), maps);
+  EXPECT_EQ(h.alloc.stats().device_bytes.current, held) << "the room was taken";
+  EXPECT_EQ(h.alloc.stats().num_splits, 2);
+  h.write(h.s1, b, 4 * MiB, 0x22);
+  void* c = h.alloc.allocate(4 * MiB, h.s1);  // 2 MiB free is left in big: too little, a segment of its own
+  EXPECT_NE(static_cast<char*>(c) - big, 6 * MiB);
+  EXPECT_GT(h.sim.num_creates(), creates);
+  h.write(h.s1, c, 4 * MiB, 0x23);
+  h.alloc.deallocate(c);  // cached whole, 4 MiB
+  void* d = h.alloc.allocate(4 * MiB, h.s1);
+  EXPECT_EQ(d, c) << "a cached segment of the request's size comes first";
+  h.alloc.deallocate(d);
+  const std::size_t before = h.sim.num_creates();
+  void* e = h.alloc.allocate(2 * MiB, h.s1);  // the free range of big (2 MiB), not the idle 4 MiB segment
+  EXPECT_EQ(e, big + 6 * MiB);
+  void* f = h.alloc.allocate(2 * MiB, h.s1);  // room left and no free range: a new segment, the idle one kept whole
+  EXPECT_NE(f, d);
+  EXPECT_GT(h.sim.num_creates(), before);
+  EXPECT_EQ(h.alloc.stats().num_splits, 3);
+  h.write(h.s1, e, 2 * MiB, 0x24);
+  h.write(h.s1, f, 2 * MiB, 0x25);
+  h.sim.run_all();
+  EXPECT_TRUE(h.holds(a, 2 * MiB, 0x21));
+  EXPECT_TRUE(h.holds(b, 4 * MiB, 0x22));
+  EXPECT_TRUE(h.holds(e, 2 * MiB, 0x24));
+  EXPECT_TRUE(h.holds(f, 2 * MiB, 0x25));
+  EXPECT_NO_THROW(h.alloc.verify());
+  for (void* p : {a, b, e, f}) h.alloc.deallocate(p);
+  h.expect_clean();
+}
+
 // Note [Holds], the migration thread's side: the gate refuses the remap of a prefetch that has a launch held on it
 // (an ordinary launch touched the region meanwhile), and the migration thread, remapping without the mutex, must
 // release the held launch at once. A program thread may hold the mutex meanwhile, waiting on the host for work

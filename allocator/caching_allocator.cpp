@@ -171,10 +171,17 @@
 //   bound]). Such a request now takes the smallest of those free ranges that holds it (at most LAYERSWAP_SPLIT times
 //   its size, as any split) before it makes anything: same stream, so no fence and no driver call, and the room it
 //   leaves stays for the policy's prefetches. Whole idle segments are still split only when there is no room (they
-//   are kept whole for requests of their own size). On the H100 (docs/history.md, session 45; per cycle against the
-//   code before, in one call on a host whose resident LoRA step was 0.112 s) the 1.1B LoRA at 25% ran 0.892x
-//   (quartiles 0.837-0.924), with 247 ranges taken a step instead of 35 and 5 chunks made for segments instead of 7;
-//   the UNet at 25% 0.930x (0.849-1.072), full fine-tuning at 25% 0.982x (0.937-1.019).
+//   are kept whole for requests of their own size). Measured against the code before (docs/history.md, session 45;
+//   per cycle, the step of this code over the step of the code before in the same call):
+//   - the 1.1B LoRA at 25%: 0.892x on an H100 whose resident step was 0.112 s (quartiles 0.837-0.924; 247 ranges
+//     taken a step instead of 35, launch waits the same), and 0.981x on an H200 (resident 0.129 s; launch waits 4.1
+//     ms a step instead of 10.4); at 50% and 10% on the H200, 0.965x and 0.943x;
+//   - full fine-tuning at 25%: 0.982x and 0.945x in two H100 calls (the second with two processes a side: reclaims
+//     for allocations 81 -> 39 a step, chunks made for segments 116 -> 47), but 1.157x on the H200 with one process
+//     a side, where this code's process fell into a churn of 201 reclaims a step (48 before); two processes of one
+//     build differ that much there. At 50% and 10% on the H200, 0.996x and 0.989x;
+//   - the UNet: 0.930x at 25% on the H100; on the H200 1.011x, 0.990x and 1.043x at 50%, 25% and 10% (at 10% its
+//     program made 70 chunks a step for segments against 44: the room left to the policy was taken back).
 //
 // Note [Reclaim by fit]
 //   A request that finds no room reclaims idle segments whose work the GPU has finished (fenced), one at a time, until

@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "allocator/caching_allocator.hpp"
@@ -2747,19 +2748,18 @@ TEST(Residency, FreeRangesServeARequestBeforeItMakesASegment) {
   const std::size_t before = h.sim.num_creates();
   void* e = h.alloc.allocate(2 * MiB, h.s1);  // the free range of big (2 MiB), not the idle 4 MiB segment
   EXPECT_EQ(e, big + 6 * MiB);
+  h.write(h.s1, e, 2 * MiB, 0x24);
   void* f = h.alloc.allocate(2 * MiB, h.s1);  // room left and no free range: a new segment, the idle one kept whole
   EXPECT_NE(f, d);
   EXPECT_GT(h.sim.num_creates(), before);
   EXPECT_EQ(h.alloc.stats().num_splits, 3);
-  h.write(h.s1, e, 2 * MiB, 0x24);
   h.write(h.s1, f, 2 * MiB, 0x25);
   h.sim.run_all();
-  EXPECT_TRUE(h.holds(a, 2 * MiB, 0x21));
-  EXPECT_TRUE(h.holds(b, 4 * MiB, 0x22));
-  EXPECT_TRUE(h.holds(e, 2 * MiB, 0x24));
-  EXPECT_TRUE(h.holds(f, 2 * MiB, 0x25));
+  const std::tuple<void*, std::size_t, std::uint8_t> written[] = {
+      {a, 2 * MiB, 0x21}, {b, 4 * MiB, 0x22}, {e, 2 * MiB, 0x24}, {f, 2 * MiB, 0x25}};
+  for (const auto& [p, bytes, value] : written) EXPECT_TRUE(h.holds(p, bytes, value));
   EXPECT_NO_THROW(h.alloc.verify());
-  for (void* p : {a, b, e, f}) h.alloc.deallocate(p);
+  for (const auto& w : written) h.alloc.deallocate(std::get<0>(w));
   h.expect_clean();
 }
 

@@ -174,8 +174,8 @@
 //   are kept whole for requests of their own size). Measured against the code before (docs/history.md, session 45;
 //   per cycle, the step of this code over the step of the code before in the same call):
 //   - the 1.1B LoRA at 25%: 0.892x on an H100 whose resident step was 0.112 s (quartiles 0.837-0.924; 247 ranges
-//     taken a step instead of 35, launch waits the same), and 0.981x on an H200 (resident 0.129 s; launch waits 4.1
-//     ms a step instead of 10.4); at 50% and 10% on the H200, 0.965x and 0.943x;
+//     taken a step instead of 35, launch waits 5.9 ms a step against 4.5), and 0.981x on an H200 (resident 0.129 s;
+//     launch waits 4.1 ms a step instead of 10.4); at 50% and 10% on the H200, 0.965x and 0.943x;
 //   - full fine-tuning at 25%: 0.982x and 0.945x in two H100 calls (the second with two processes a side: reclaims
 //     for allocations 81 -> 39 a step, chunks made for segments 116 -> 47), but 1.157x on the H200 with one process
 //     a side, where this code's process fell into a churn of 201 reclaims a step (48 before); two processes of one

@@ -604,6 +604,9 @@ struct caching_allocator::impl final : detail::page_source {
   void release_range_locked(segment* seg, std::uint32_t first);
   void cache_large_locked(segment* seg);  // a large segment with nothing live: cached, or retired if host-backed
   void log_cache_miss_locked(const stream_pool* pool, std::size_t bytes) const;
+  // LAYERSWAP_LOG=debug, with residency: the program makes a `what` ("chunk", "slab") of `made` bytes for a request of
+  // `bytes`, and the room, idle cache and engine state it met.
+  void log_program_makes_locked(const char* what, std::size_t made, std::size_t bytes) const;
   void make_idle_locked(segment* seg);
   void process_pending_locked(bool wait);
   event_handle take_event_locked();
@@ -1267,12 +1270,7 @@ void* caching_allocator::impl::allocate_small_locked(std::size_t bytes, stream_p
       idle.erase(seg);
       ++st.num_slab_reuses;
     } else {
-      if (engine && log_enabled(log_level::debug)) {
-        LAYERSWAP_LOG(debug, "device %d: the program makes a slab of %s for %s (room %s, idle %s); engine: %s",
-                      st.device, format_bytes(slab_bytes).c_str(), format_bytes(bytes).c_str(),
-                      format_bytes(room_now_locked() << gran_shift).c_str(),
-                      format_bytes(idle.pages << gran_shift).c_str(), engine->describe_locked().c_str());
-      }
+      log_program_makes_locked("slab", slab_bytes, bytes);
       seg = new_segment_locked(pool, slab_bytes, bytes);
       seg->slab = true;
       count(true, &pool_stats::segments, 1);
@@ -1342,12 +1340,7 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
     }
     if (!seg) {
       if (engine) {
-        if (log_enabled(log_level::debug)) {
-          LAYERSWAP_LOG(debug, "device %d: the program makes a chunk of %s for %s (room %s, idle %s); engine: %s",
-                        st.device, format_bytes(npages << gran_shift).c_str(), format_bytes(bytes).c_str(),
-                        format_bytes(room_now_locked() << gran_shift).c_str(),
-                        format_bytes(idle.pages << gran_shift).c_str(), engine->describe_locked().c_str());
-        }
+        log_program_makes_locked("chunk", npages << gran_shift, bytes);
         seg = new_chunk_segment_locked(pool, npages << gran_shift, bytes);  // the engine knows it (add_locked)
       } else {
         seg = new_segment_locked(pool, npages << gran_shift, bytes);
@@ -1439,6 +1432,14 @@ void caching_allocator::impl::log_cache_miss_locked(const stream_pool* pool, std
                 format_bytes(split_free).c_str(), pool->split.size());
 }
 
+void caching_allocator::impl::log_program_makes_locked(const char* what, std::size_t made, std::size_t bytes) const {
+  if (!engine || !log_enabled(log_level::debug)) return;
+  LAYERSWAP_LOG(debug, "device %d: the program makes a %s of %s for %s (room %s, idle %s); engine: %s", st.device, what,
+                format_bytes(made).c_str(), format_bytes(bytes).c_str(),
+                format_bytes(room_now_locked() << gran_shift).c_str(), format_bytes(idle.pages << gran_shift).c_str(),
+                engine->describe_locked().c_str());
+}
+
 // ---- split segments (Note [Split segments]) ----
 
 // A large segment whose device memory stays put, so that another allocation may use it (a range of it here, its
@@ -1465,23 +1466,21 @@ caching_allocator::impl::range_pick caching_allocator::impl::smallest_free_range
 }
 
 void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool) {
-  const range_pick pick = smallest_free_range_locked(pool, npages);
-  segment* best = pick.seg;
-  std::size_t best_n = pick.n;
-  const std::size_t best_range = pick.index;
+  range_pick best = smallest_free_range_locked(pool, npages);
   bool whole = false;  // best is an idle segment
   // An idle segment above the reuse window, only if smaller than that range: whole ones are kept whole first.
-  const std::size_t end = std::min(pool->free_by_pages.size(), best_n);
+  const std::size_t end = std::min(pool->free_by_pages.size(), best.n);
   const std::size_t whole_most = split_whole_most_locked(npages);  // Note [Split bound]
   for (std::size_t n = npages + npages / 8 + 1; n < end && n <= whole_most && !whole; ++n) {
     for (segment* s = pool->free_by_pages[n].head; s; s = s->pool_hook.next) {
       if (!splittable_locked(s)) continue;
-      best = s, best_n = n, whole = true;
+      best = {s, 0, n};
+      whole = true;
       break;
     }
   }
-  if (!best) return nullptr;
-  return take_range_locked(best, whole ? 0 : best_range, whole, bytes, npages);
+  if (!best.seg) return nullptr;
+  return take_range_locked(best.seg, best.index, whole, bytes, npages);
 }
 
 void* caching_allocator::impl::take_range_locked(segment* best, std::size_t index, bool whole, std::size_t bytes,

@@ -178,6 +178,20 @@
 //   LoRA at 25%, docs/history.md, sessions 26 and 27) it cut the bytes moved per step from 3.73 to 2.1-2.5 GB, but the
 //   program still made ~145 segments a step (~300 without home segments): 1.3-1.4x the resident step against 1.1x.
 //
+// Note [Automatic reserve]
+//   A following reserve (above) pays off where handing room back to the activations is cheap: the evictions that
+//   give it back are clean (Note [Write-back]: frozen weights, no copy to the host, only a remap). Where the regions
+//   it moves are trained every step, each such eviction first copies the region back, and the activations' requests
+//   wait for it. Session 46 measured both on the H100 (docs/history.md): with `follow:8` a 1.1B LoRA at 25% stepped
+//   0.948x the peak reserve's step on a host with a 0.097 s resident step (launch waits 1.4 ms a step against 6.6,
+//   2.59 GB moved against 3.18) and 0.980x at 50% (1.049x at 10%, within its quartiles on a noisy host; 99% of the
+//   evicted bytes clean at each), while the UNet (1.05-1.10x) and full fine-tuning (1.05-1.10x), which copied back
+//   58-96% of the bytes they evicted, were slower at every budget (the allocations' host waits up to 1.7x).
+//   LAYERSWAP_RESERVE=auto[:N] (the default, N = 8) therefore follows the step while at least nine tenths of the
+//   bytes the last learned step evicted were clean (eight tenths to keep following), and keeps the step's peak
+//   otherwise. It judges each step as it ends (judge_evictions); a step that evicted nothing changes nothing, and
+//   with LAYERSWAP_WRITEBACK=always no eviction is clean, so the reserve stays the peak.
+//
 // Note [Reclaiming for a prefetch]
 //   A prefetch with no spare of its size and no room could take the allocator's idle cache (segments the program
 //   freed, fenced). The program then makes those segments again at its next requests of their sizes: on the program's
@@ -487,6 +501,11 @@ struct residency_engine::impl {
   std::size_t phase_steps = 0;
   std::uint64_t phase_step = 0;
   std::size_t phase = 0;
+  // Note [Automatic reserve]: the bytes evicted since the last step began, and those of them clean; whether the
+  // reserve follows the step now.
+  std::size_t step_evicted_bytes = 0;
+  std::size_t step_clean_bytes = 0;
+  bool clean_steps = false;
   std::size_t cache_grown = 0;    // the automatic cache reserve's bytes before its cap (Note [Cache reserve])
   bool forecast_applied = false;   // the last policy round had a forecast (ranks mean next uses)
   std::uint64_t pin_generation = ~std::uint64_t{0};
@@ -580,7 +599,7 @@ struct residency_engine::impl {
     const auto start = std::chrono::steady_clock::now();
     // Note [Following reserve]: the room of a following reserve is the activations' segments; one of this size
     // gives its chunk as it is, where the budget has no room for a new one.
-    if (options.reserve_follow && !spare_chunks.contains(r.bytes) && unused_bytes() < r.bytes) {
+    if (following() && !spare_chunks.contains(r.bytes) && unused_bytes() < r.bytes) {
       if (source.reclaim_idle_sized(r.bytes)) {
         LAYERSWAP_LOG(debug, "a prefetch of %s took an idle segment's chunk of its size", format_bytes(r.bytes).c_str());
       }
@@ -1370,9 +1389,11 @@ struct residency_engine::impl {
       r.evicted_seq = m.snapshot;
       if (m.clean) {
         ++st.writeback_skipped;
+        step_clean_bytes += r.bytes;
       } else {
         st.bytes_d2h += static_cast<std::int64_t>(r.bytes);
       }
+      step_evicted_bytes += r.bytes;
       ++st.evictions;
       if (m.sync) ++st.stall_evictions;
     }
@@ -1680,8 +1701,27 @@ struct residency_engine::impl {
     }
   }
 
-  // The reserve for memory that cannot move this round: the step's peak, or with LAYERSWAP_RESERVE=follow the
-  // peak of the learned step's part just ahead (Note [Following reserve]).
+  // Whether the reserve follows the step: LAYERSWAP_RESERVE=follow, or auto while the evictions are clean.
+  [[nodiscard]] bool following() const noexcept { return options.reserve_follow || (options.reserve_auto && clean_steps); }
+
+  // Note [Automatic reserve]: a learned step has ended; with LAYERSWAP_RESERVE=auto, the reserve follows the next
+  // one if at least nine tenths of the bytes this one evicted were clean (eight tenths to keep following), and is
+  // the step's peak otherwise. A step that evicted nothing changes nothing.
+  void judge_evictions() {
+    const std::size_t evicted = std::exchange(step_evicted_bytes, 0);
+    const std::size_t clean = std::exchange(step_clean_bytes, 0);
+    if (!options.reserve_auto || evicted == 0) return;
+    const bool follow = clean * 10 >= evicted * (clean_steps ? 8 : 9);
+    if (follow == clean_steps) return;
+    clean_steps = follow;
+    ++st.reserve_auto_changes;
+    LAYERSWAP_LOG(debug, "the reserve %s: %s of the %s the last step evicted were clean",
+                  follow ? "follows the step" : "is the step's peak", format_bytes(clean).c_str(),
+                  format_bytes(evicted).c_str());
+  }
+
+  // The reserve for memory that cannot move this round: the step's peak, or with LAYERSWAP_RESERVE=follow (auto
+  // while the evictions are clean) the peak of the learned step's part just ahead (Note [Following reserve]).
   std::size_t reserve_for(const forecast& f, std::size_t transient) {
     if (f.step_launches == 0) return max_transient;
     if (f.step_launches != phase_step) {  // relearned: the peaks start again
@@ -1692,14 +1732,17 @@ struct residency_engine::impl {
       phase_steps = 0;
     }
     const auto now = static_cast<std::size_t>(f.step_position % f.step_launches * k_phases / f.step_launches);
-    if (now + k_phases / 2 < phase) ++phase_steps;  // the position wrapped: a new step
+    if (now + k_phases / 2 < phase) {  // the position wrapped: a new step
+      ++phase_steps;
+      judge_evictions();
+    }
     phase = now;
     phase_peak[phase] = std::max(phase_peak[phase], transient);
     if (!phase_seen[phase]) {
       phase_seen[phase] = true;
       ++phases_seen;
     }
-    if (!options.reserve_follow || (phases_seen < k_phases && phase_steps < k_follow_steps)) return max_transient;
+    if (!following() || (phases_seen < k_phases && phase_steps < k_follow_steps)) return max_transient;
     std::size_t reserve = 0;
     for (std::size_t k = 0; k <= options.reserve_ahead; ++k) {
       const std::size_t at = (phase + k) % k_phases;

@@ -59,6 +59,9 @@ struct residency_options {
   // LAYERSWAP_RESERVE=follow[:N] (residency.cpp, Note [Following reserve]): the reserve for memory that cannot
   // move is the peak learned for the next `reserve_ahead` 64ths of the step (and the current one), not the step's.
   bool reserve_follow = false;
+  // LAYERSWAP_RESERVE=auto[:N] (residency.cpp, Note [Automatic reserve]): as reserve_follow while the evictions of
+  // the last learned step were clean, else the step's peak.
+  bool reserve_auto = false;
   std::uint32_t reserve_ahead = 4;
   std::chrono::microseconds period{200};            // migration thread period
   // How long an idle migration thread sleeps (residency.cpp, Note [Idle engine]); at most `period`: never idle.
@@ -113,6 +116,7 @@ struct residency_stats {
   std::int64_t cache_reserve_bytes = 0;  // the cache reserve the last policy round left (Note [Cache reserve])
   std::int64_t reserve_bytes = 0;        // the reserve for memory that cannot move the last policy round left
   std::int64_t reserve_followed = 0;     // policy rounds whose reserve followed the step (Note [Following reserve])
+  std::int64_t reserve_auto_changes = 0;  // LAYERSWAP_RESERVE=auto turning following on or off (Note [Automatic reserve])
   std::int64_t cache_misses = 0;       // allocations that destroyed a cached segment for want of their size
   // Note [Late prefetches] in residency.cpp: prefetches a launch waited for, their bytes, how long after its
   // begin the first launch began waiting (summed), and that wait split: until the copy was seen complete, and

@@ -127,6 +127,7 @@ py::dict residency_dict(const residency_stats& r) {
   d["cache_reserve_bytes"] = r.cache_reserve_bytes;
   d["reserve_bytes"] = r.reserve_bytes;
   d["reserve_followed"] = r.reserve_followed;
+  d["reserve_auto_changes"] = r.reserve_auto_changes;
   d["cache_misses"] = r.cache_misses;
   d["late_prefetches"] = r.late_prefetches;
   d["late_bytes"] = r.late_bytes;

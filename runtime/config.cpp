@@ -95,11 +95,13 @@ constexpr setting_info k_settings[row_count] = {
     {"LAYERSWAP_RECLAIM", "fit", "fit or oldest",
      "Which idle segment a request that finds no room destroys first: fit, the smallest one that covers what it lacks "
      "(else the largest), so that big segments stay for big requests; oldest, the least recently freed"},
-    {"LAYERSWAP_RESERVE", "peak", "peak, follow, or follow:N with N a whole number from 0 to 32",
-     "Experimental: the device memory swapping leaves to memory that cannot move (activations): peak, the largest "
-     "amount seen at any moment of a step; follow, the largest seen in the part of the learned step just ahead (N "
+    {"LAYERSWAP_RESERVE", "auto",
+     "auto, peak, follow, or auto:N or follow:N with N a whole number from 0 to 32",
+     "The device memory swapping leaves to memory that cannot move (activations): peak, the largest amount seen at "
+     "any moment of a step; follow (experimental), the largest seen in the part of the learned step just ahead (N "
      "64ths of it after the current one, 4 with follow), so that weights fill what the activations leave between "
-     "their peaks"},
+     "their peaks; auto, follow (8 64ths ahead with auto) while at least nine tenths of the bytes the last step "
+     "evicted were clean (their write-back skipped: frozen weights), else peak"},
     {"LAYERSWAP_PROGRAM_FIRST", "1", "0 or 1 (also true/false, on/off, yes/no)",
      "The program's driver calls that make and free device memory (VMM calls) go before the migration thread's: the "
      "migration thread waits before each of its VMM calls while one of the program's is in progress or ended less "
@@ -327,11 +329,12 @@ const char* track_name(config::track_mode mode) noexcept {
 
 namespace {
 
-// LAYERSWAP_RESERVE's value as written: "peak", "follow" or "follow:N".
+// LAYERSWAP_RESERVE's value as written: "peak", "follow", "follow:N", "auto" or "auto:N".
 std::string reserve_text(const config& c) {
-  if (!c.reserve_follow) return "peak";
-  std::string text = "follow";
-  if (c.reserve_ahead != config{}.reserve_ahead) text += ':' + std::to_string(c.reserve_ahead);
+  if (!c.reserve_follow && !c.reserve_auto) return "peak";
+  std::string text = c.reserve_auto ? "auto" : "follow";
+  const std::uint32_t ahead = c.reserve_auto ? config::k_auto_reserve_ahead : config::k_follow_reserve_ahead;
+  if (c.reserve_ahead != ahead) text += ':' + std::to_string(c.reserve_ahead);
   return text;
 }
 
@@ -581,17 +584,34 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
     const std::string_view v = trim(*reserve);
     const std::string_view accepted = k_settings[row_reserve].accepted;
     const std::string_view name = k_settings[row_reserve].name;
+    const auto set = [&](bool follow, bool automatic, std::uint32_t ahead) {
+      result.reserve_follow = follow;
+      result.reserve_auto = automatic;
+      result.reserve_ahead = ahead;
+    };
+    // "follow:N" or "auto:N": the window N after the word's colon.
+    const auto window = [&](std::string_view word) -> std::optional<std::uint32_t> {
+      if (v.size() <= word.size() || !iequals(v.substr(0, word.size()), word) || v[word.size()] != ':') {
+        return std::nullopt;
+      }
+      const std::optional<std::uint32_t> n = as_number<std::uint32_t>(trim(v.substr(word.size() + 1)));
+      if (!n || *n > 32) {
+        reject(name, *reserve, "has no whole number from 0 to 32 after " + std::string(word) + ":", accepted);
+      }
+      return n;
+    };
     if (iequals(v, "peak")) {
-      result.reserve_follow = false;
+      set(false, false, config::k_auto_reserve_ahead);
     } else if (iequals(v, "follow")) {
-      result.reserve_follow = true;
-    } else if (v.size() > 7 && iequals(v.substr(0, 7), "follow:")) {
-      const std::optional<std::uint32_t> n = as_number<std::uint32_t>(trim(v.substr(7)));
-      if (!n || *n > 32) reject(name, *reserve, "has no whole number from 0 to 32 after follow:", accepted);
-      result.reserve_follow = true;
-      result.reserve_ahead = *n;
+      set(true, false, config::k_follow_reserve_ahead);
+    } else if (iequals(v, "auto")) {
+      set(false, true, config::k_auto_reserve_ahead);
+    } else if (const std::optional<std::uint32_t> n = window("follow")) {
+      set(true, false, *n);
+    } else if (const std::optional<std::uint32_t> n = window("auto")) {
+      set(false, true, *n);
     } else {
-      reject(name, *reserve, "is neither peak nor follow", accepted);
+      reject(name, *reserve, "is none of auto, peak and follow", accepted);
     }
   }
   if (const auto split = given(row_split)) {

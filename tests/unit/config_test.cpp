@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -549,7 +550,7 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_SPLIT=8  (default)\n"
             "LAYERSWAP_SPLIT_FREE=12.5%  (default)\n"
             "LAYERSWAP_RECLAIM=fit  (default)\n"
-            "LAYERSWAP_RESERVE=peak  (default)\n"
+            "LAYERSWAP_RESERVE=auto  (default)\n"
             "LAYERSWAP_PROGRAM_FIRST=1  (default)\n");
 }
 
@@ -579,7 +580,7 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_SPLIT=8  (default)\n"
             "LAYERSWAP_SPLIT_FREE=12.5%  (default)\n"
             "LAYERSWAP_RECLAIM=fit  (default)\n"
-            "LAYERSWAP_RESERVE=peak  (default)\n"
+            "LAYERSWAP_RESERVE=auto  (default)\n"
             "LAYERSWAP_PROGRAM_FIRST=1  (default)\n"
             "unknown setting LAYERSWAP_BUGDET=1 (did you mean LAYERSWAP_BUDGET?)\n");
 }
@@ -789,26 +790,50 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   EXPECT_NE(config_error_of(vars{{"LAYERSWAP_RECLAIM", "lru"}}).find("LAYERSWAP_RECLAIM"), std::string::npos);
   EXPECT_NE(parse_config(vars{{"LAYERSWAP_RECLAIM", "oldest"}}).describe().find("LAYERSWAP_RECLAIM=oldest\n"),
             std::string::npos);
-  EXPECT_FALSE(parse_config(vars{}).reserve_follow);
-  EXPECT_FALSE(parse_config(vars{{"LAYERSWAP_RESERVE", " Peak "}}).reserve_follow);
+  {  // auto by default (Note [Automatic reserve]): follows the step 8 64ths ahead while the evictions are clean
+    const config c = parse_config(vars{});
+    EXPECT_TRUE(c.reserve_auto);
+    EXPECT_FALSE(c.reserve_follow);
+    EXPECT_EQ(c.reserve_ahead, 8u);
+  }
+  {
+    const config c = parse_config(vars{{"LAYERSWAP_RESERVE", " Peak "}});
+    EXPECT_FALSE(c.reserve_follow);
+    EXPECT_FALSE(c.reserve_auto);
+    EXPECT_NE(c.describe().find("LAYERSWAP_RESERVE=peak\n"), std::string::npos) << c.describe();
+  }
   {
     const config c = parse_config(vars{{"LAYERSWAP_RESERVE", "follow"}});
     EXPECT_TRUE(c.reserve_follow);
+    EXPECT_FALSE(c.reserve_auto);
     EXPECT_EQ(c.reserve_ahead, 4u);
     EXPECT_NE(c.describe().find("LAYERSWAP_RESERVE=follow\n"), std::string::npos) << c.describe();
   }
-  for (const auto& [text, ahead] : std::vector<std::pair<std::string, std::uint32_t>>{
-           {"follow:0", 0}, {"FOLLOW: 8", 8}, {"follow:32", 32}, {"follow:04", 4}}) {
+  {
+    const config c = parse_config(vars{{"LAYERSWAP_RESERVE", "AUTO"}});
+    EXPECT_TRUE(c.reserve_auto);
+    EXPECT_EQ(c.reserve_ahead, 8u);
+    EXPECT_NE(c.describe().find("LAYERSWAP_RESERVE=auto\n"), std::string::npos) << c.describe();
+  }
+  for (const auto& [text, ahead, automatic] : std::vector<std::tuple<std::string, std::uint32_t, bool>>{
+           {"follow:0", 0, false}, {"FOLLOW: 8", 8, false}, {"follow:32", 32, false}, {"follow:04", 4, false},
+           {"auto:4", 4, true}, {"Auto: 16", 16, true}, {"auto:0", 0, true}}) {
     const config c = parse_config(vars{{"LAYERSWAP_RESERVE", text}});
-    EXPECT_TRUE(c.reserve_follow) << text;
+    EXPECT_EQ(c.reserve_follow, !automatic) << text;
+    EXPECT_EQ(c.reserve_auto, automatic) << text;
     EXPECT_EQ(c.reserve_ahead, ahead) << text;
   }
   EXPECT_NE(parse_config(vars{{"LAYERSWAP_RESERVE", "follow:8"}}).describe().find("LAYERSWAP_RESERVE=follow:8\n"),
             std::string::npos);
-  for (const char* bad : {"max", "follow:", "follow:33", "follow:-1", "follow:x", "follow:100", "follow 4"}) {
+  EXPECT_NE(parse_config(vars{{"LAYERSWAP_RESERVE", "auto:4"}}).describe().find("LAYERSWAP_RESERVE=auto:4\n"),
+            std::string::npos);
+  EXPECT_NE(parse_config(vars{{"LAYERSWAP_RESERVE", "auto:8"}}).describe().find("LAYERSWAP_RESERVE=auto\n"),
+            std::string::npos);
+  for (const char* bad : {"max", "follow:", "follow:33", "follow:-1", "follow:x", "follow:100", "follow 4", "auto:",
+                          "auto:33", "auto 8", "autofollow", "peak:4"}) {
     const std::string why = config_error_of(vars{{"LAYERSWAP_RESERVE", bad}});
     EXPECT_NE(why.find("LAYERSWAP_RESERVE"), std::string::npos) << bad << ": " << why;
-    EXPECT_NE(why.find("follow:N"), std::string::npos) << bad << ": " << why;
+    EXPECT_NE(why.find("auto:N or follow:N"), std::string::npos) << bad << ": " << why;
   }
   EXPECT_FALSE(parse_config(vars{}).cache_reserve_auto);  // none by default
   EXPECT_EQ(parse_config(vars{}).cache_reserve, 0u);

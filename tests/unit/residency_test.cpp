@@ -127,6 +127,14 @@ struct follow_on {
   ~follow_on() { g_follow = false; }
 };
 
+// ... and residency_options::reserve_auto (Note [Automatic reserve]): off in these tests, which keep the step's peak
+// unless said; auto_on for one test.
+bool g_auto = false;
+struct auto_on {
+  auto_on() { g_auto = true; }
+  ~auto_on() { g_auto = false; }
+};
+
 // ... and residency_options::batch_digests (Note [Batched checks]): on, as by default; batch_digests_for for one test.
 bool g_batch_digests = true;
 struct batch_digests_for {
@@ -170,6 +178,8 @@ struct harness {
     o.split = g_split ? 4 : 0;
     o.split_free = g_split_free;
     o.residency.reserve_follow = g_follow;
+    o.residency.reserve_auto = g_auto;
+    if (g_auto) o.residency.reserve_ahead = 8;
     o.residency.batch_digests = g_batch_digests;
     return o;
   }
@@ -1298,6 +1308,80 @@ TEST(Residency, FollowingReserveGivesTheWeightsTheRoomActivationsLeave) {
   }
 }
 
+// Note [Automatic reserve]: a step that uses four 4 MiB weights in turn in its first half, whose activations need 4 MiB
+// then and 20 MiB in its second half, under a 32 MiB budget and LAYERSWAP_RESERVE=auto. The forecast names the weights
+// in the order of their next uses, so with the step's peak reserved (12 MiB for weights) they are evicted and
+// prefetched every step. Frozen weights (only read) are evicted clean once their first round trip gave them a digest,
+// so the reserve comes to follow the step and the first half's room holds every weight; weights written at each use
+// are evicted dirty (copied back), so it stays the step's peak. Either way no byte is lost.
+TEST(Residency, AutomaticReserveFollowsTheStepWhileEvictionsAreClean) {
+  for (const bool trained : {false, true}) {
+    SCOPED_TRACE(trained ? "weights written at each use" : "frozen weights");
+    auto_on mode;
+    fixed_forecast f;
+    harness h(32 * MiB);
+    h.alloc.set_forecast_source(&f);
+    std::vector<void*> w;
+    for (int i = 0; i < 4; ++i) w.push_back(h.written(4 * MiB, static_cast<std::uint8_t>(0x60 + i)));
+    // The weights by next use after weight `used`'s use: the ones after it, then it.
+    const auto upcoming_after = [&](std::size_t used) {
+      std::vector<region_id> order;
+      for (std::size_t k = 1; k <= w.size(); ++k) order.push_back(harness::id_of(w[(used + k) % w.size()]));
+      return order;
+    };
+    f.set(upcoming_after(w.size() - 1));
+    void* small = h.written(4 * MiB, 0x01);  // live all step
+    std::vector<std::uint8_t> value{0x60, 0x61, 0x62, 0x63};
+    std::size_t weights_at_start = 0;
+    std::int64_t stalls_before_last = 0;
+    const int steps = 8;
+    for (int step = 0; step < steps; ++step) {
+      if (step == steps - 1) stalls_before_last = h.alloc.residency().stall_evictions;
+      void* big = nullptr;
+      for (std::uint64_t phase = 0; phase < 64; ++phase) {
+        f.set_position(phase * 1000 / 64 + 1);
+        if (phase == 2 && step == steps - 1) {
+          for (void* p : w) weights_at_start += h.alloc.residency_of(p) == region_residency::device ? 4 * MiB : 0;
+        }
+        if (phase % 8 == 4 && phase < 32) {  // weight i's use
+          const std::size_t i = phase / 8;
+          if (trained) {
+            value[i] = static_cast<std::uint8_t>(0x80 + 4 * step + static_cast<int>(i));
+            h.write(h.s1, w[i], 4 * MiB, value[i]);
+          } else {
+            h.read(h.s1, w[i], 4 * MiB);
+          }
+          f.set(upcoming_after(i));
+        }
+        if (phase == 32) big = h.written(16 * MiB, static_cast<std::uint8_t>(0x10 + step));
+        for (int t = 0; t < 3; ++t) h.alloc.residency_tick();
+        EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(32 * MiB));
+      }
+      ASSERT_TRUE(h.holds(big, 16 * MiB, static_cast<std::uint8_t>(0x10 + step)));
+      h.alloc.deallocate(big);
+    }
+    const residency_stats r = h.alloc.residency();
+    EXPECT_GE(r.evictions, steps) << "the weights did not move every step: the test proves nothing";
+    if (trained) {
+      EXPECT_EQ(r.writeback_skipped, 0);
+      EXPECT_EQ(r.reserve_followed, 0) << "dirty evictions keep the step's peak";
+      EXPECT_EQ(r.reserve_auto_changes, 0);
+      EXPECT_LE(weights_at_start, 12 * MiB);
+    } else {
+      EXPECT_GT(r.writeback_skipped, 0);
+      EXPECT_EQ(r.reserve_auto_changes, 1) << "clean evictions turn following on, once";
+      EXPECT_GT(r.reserve_followed, 0);
+      EXPECT_EQ(weights_at_start, 16 * MiB) << "the first half's room held every weight";
+      EXPECT_EQ(r.stall_evictions, stalls_before_last) << "the weights were evicted ahead of the activations";
+    }
+    for (std::size_t i = 0; i < w.size(); ++i) EXPECT_TRUE(h.holds(w[i], 4 * MiB, value[i])) << "weight " << i;
+    EXPECT_TRUE(h.holds(small, 4 * MiB, 0x01));
+    h.expect_clean();
+    h.alloc.deallocate(small);
+    for (void* p : w) h.alloc.deallocate(p);
+  }
+}
+
 // Note [Following reserve]: with a following reserve, a prefetch that finds no spare of its size and no room takes
 // the chunk of an idle segment of exactly its size, leaving the cached segments of other sizes (the next requests'
 // cache hits); with the step's peak it reclaims least recently freed first, as before.
@@ -1744,12 +1828,14 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   g_split = seed % 4 == 1 || seed % 4 == 2;           // Note [Split segments] on half the seeds, both oversizes
   if (g_split && seed % 8 < 4) g_split_free = budget / 4;  // Note [Split bound] on half of those
   g_follow = seed % 5 >= 2;                            // Note [Following reserve] on three seeds in five
+  g_auto = seed % 5 == 1;                              // Note [Automatic reserve] on one in five
   struct composites_on {
     ~composites_on() {
       g_composites = true;
       g_split = false;
       g_split_free = std::numeric_limits<std::size_t>::max();
       g_follow = false;
+      g_auto = false;
     }
   } restore_composites;
   harness h(budget, eager, thread, true, true, true, oversize, cache_auto);

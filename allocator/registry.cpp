@@ -172,7 +172,7 @@ std::string stats_report() {
   for (caching_allocator* a : allocators()) {
     const allocator_stats st = a->stats();
     const pool_stats& t = st.all;
-    char line[1024];
+    char line[2048];
     std::snprintf(line, sizeof line,
                   "layerswap: device %d: budget %s; device memory held %s (peak %s); allocated %s (peak %s) in %lld "
                   "allocations; %lld segments; cached %s; physical allocations made %lld, released %lld; reclaim "
@@ -201,7 +201,8 @@ std::string stats_report() {
                     "back in %lld prefetches, %lld moves abandoned, %lld cancelled; host backing %s; regions %lld "
                     "swappable, %lld on the device, %lld on the host; hit rate %.4f (%llu of %llu launches found a "
                     "region on the host); %llu launches held on the GPU for a prefetch, %llu waited %.3f s on the host (%llu "
-                    "gave up); chunks made %lld, released %lld, %s spare; cache reserve %s after %lld misses\n",
+                    "gave up); chunks made %lld, released %lld, %s spare; cache reserve %s after %lld misses; the "
+                    "reserve for activations followed the step in %lld policy rounds (turned on or off %lld times)\n",
                     st.device, format_bytes(static_cast<std::uint64_t>(r.bytes_d2h)).c_str(),
                     static_cast<long long>(r.evictions), static_cast<long long>(r.stall_evictions),
                     static_cast<long long>(r.writeback_skipped),
@@ -221,7 +222,8 @@ std::string stats_report() {
                     static_cast<long long>(r.chunks_created), static_cast<long long>(r.chunks_released),
                     format_bytes(static_cast<std::uint64_t>(r.spare_bytes)).c_str(),
                     format_bytes(static_cast<std::uint64_t>(r.cache_reserve_bytes)).c_str(),
-                    static_cast<long long>(r.cache_misses));
+                    static_cast<long long>(r.cache_misses), static_cast<long long>(r.reserve_followed),
+                    static_cast<long long>(r.reserve_auto_changes));
       out += line;
     }
   }

@@ -945,7 +945,7 @@ PER_STEP_STATS = ("launch_wait_s", "launch_waits", "launch_holds", "stall_evicti
                   "late_remap_wait_s", "launch_driver_s", "launch_remap_waits", "launch_remap_wait_s",
                   "digests_carried", "idle_sleeps", "num_composites", "composite_donors",
                   "num_zombies_reaped", "num_splits", "num_spare_splits", "num_home_segments", "num_slab_reuses",
-                  "reserve_followed",
+                  "reserve_followed", "reserve_auto_changes",
                   "cache_misses", "program_vmm_s", "engine_turn_wait_s") + tuple(
                       f"late_wait_s_by_phase.{i}" for i in range(8)) + tuple(f"remap_s_by_phase.{i}" for i in range(8))
 # The driver port's VMM call kinds (runtime/driver_calls.hpp's vmm_kind): the program's, summed as program_vmm_s.

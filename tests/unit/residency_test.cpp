@@ -1313,13 +1313,15 @@ TEST(Residency, FollowingReserveGivesTheWeightsTheRoomActivationsLeave) {
 // in the order of their next uses, so with the step's peak reserved (12 MiB for weights) they are evicted and
 // prefetched every step. Frozen weights (only read) are evicted clean once their first round trip gave them a digest,
 // so the reserve comes to follow the step and the first half's room holds every weight; weights written at each use
-// are evicted dirty (copied back), so it stays the step's peak. Either way no byte is lost.
+// are evicted dirty (copied back), so it stays the step's peak, as it does for frozen weights under
+// LAYERSWAP_WRITEBACK=always (no eviction is checked, so none is clean). Either way no byte is lost.
 TEST(Residency, AutomaticReserveFollowsTheStepWhileEvictionsAreClean) {
-  for (const bool trained : {false, true}) {
-    SCOPED_TRACE(trained ? "weights written at each use" : "frozen weights");
+  for (const auto& [trained, skip_clean] : {std::pair{false, true}, std::pair{true, true}, std::pair{false, false}}) {
+    SCOPED_TRACE(std::string(trained ? "weights written at each use" : "frozen weights") +
+                 (skip_clean ? "" : ", write-back always"));
     auto_on mode;
     fixed_forecast f;
-    harness h(32 * MiB);
+    harness h(32 * MiB, true, false, true, skip_clean);
     h.alloc.set_forecast_source(&f);
     std::vector<void*> w;
     for (int i = 0; i < 4; ++i) w.push_back(h.written(4 * MiB, static_cast<std::uint8_t>(0x60 + i)));
@@ -1362,9 +1364,9 @@ TEST(Residency, AutomaticReserveFollowsTheStepWhileEvictionsAreClean) {
     }
     const residency_stats r = h.alloc.residency();
     EXPECT_GE(r.evictions, steps) << "the weights did not move every step: the test proves nothing";
-    if (trained) {
+    if (trained || !skip_clean) {
       EXPECT_EQ(r.writeback_skipped, 0);
-      EXPECT_EQ(r.reserve_followed, 0) << "dirty evictions keep the step's peak";
+      EXPECT_EQ(r.reserve_followed, 0) << "dirty or unchecked evictions keep the step's peak";
       EXPECT_EQ(r.reserve_auto_changes, 0);
       EXPECT_LE(weights_at_start, 12 * MiB);
     } else {

@@ -116,8 +116,7 @@ caching_allocator& allocator_for(int device) {
   opts.residency.skip_clean = !cfg.writeback_always;
   opts.residency.cache_reserve_auto = cfg.cache_reserve_auto;
   opts.residency.cache_reserve = cfg.cache_reserve;
-  opts.residency.reserve_follow = cfg.reserve_follow;
-  opts.residency.reserve_auto = cfg.reserve_auto;
+  opts.residency.reserve = cfg.reserve;
   opts.residency.reserve_ahead = cfg.reserve_ahead;
   auto* alloc = new caching_allocator(*port, opts);
   if (forecast_source* f = s.forecast.load(std::memory_order_acquire)) alloc->set_forecast_source(f);

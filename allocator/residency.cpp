@@ -1705,7 +1705,9 @@ struct residency_engine::impl {
   }
 
   // Whether the reserve follows the step: LAYERSWAP_RESERVE=follow, or auto while the evictions are clean.
-  [[nodiscard]] bool following() const noexcept { return options.reserve_follow || (options.reserve_auto && clean_steps); }
+  [[nodiscard]] bool following() const noexcept {
+    return options.reserve == reserve_mode::follow || (options.reserve == reserve_mode::automatic && clean_steps);
+  }
 
   // Note [Automatic reserve]: a learned step has ended; with LAYERSWAP_RESERVE=auto, the reserve follows the next
   // one if at least nine tenths of the bytes this one evicted were clean (eight tenths to keep following), and is
@@ -1713,7 +1715,7 @@ struct residency_engine::impl {
   void judge_evictions() {
     const std::size_t evicted = std::exchange(step_evicted_bytes, 0);
     const std::size_t clean = std::exchange(step_clean_bytes, 0);
-    if (!options.reserve_auto || evicted == 0) return;
+    if (options.reserve != reserve_mode::automatic || evicted == 0) return;
     const bool follow = clean * 10 >= evicted * (clean_steps ? 8 : 9);
     if (follow == clean_steps) return;
     clean_steps = follow;

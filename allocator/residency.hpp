@@ -20,6 +20,7 @@
 
 #include "allocator/forecast.hpp"
 #include "allocator/region_map.hpp"
+#include "runtime/config.hpp"
 #include "runtime/driver.hpp"
 
 namespace layerswap {
@@ -56,12 +57,11 @@ struct residency_options {
   // allocator's cache. Automatic: grown by note_cache_miss_locked(), at most half the policy's room; else fixed.
   bool cache_reserve_auto = false;
   std::size_t cache_reserve = 0;
-  // LAYERSWAP_RESERVE=follow[:N] (residency.cpp, Note [Following reserve]): the reserve for memory that cannot
-  // move is the peak learned for the next `reserve_ahead` 64ths of the step (and the current one), not the step's.
-  bool reserve_follow = false;
-  // LAYERSWAP_RESERVE=auto[:N] (residency.cpp, Note [Automatic reserve]): as reserve_follow while the evictions of
-  // the last learned step were clean, else the step's peak.
-  bool reserve_auto = false;
+  // LAYERSWAP_RESERVE: the reserve for memory that cannot move is the step's peak (peak); the peak learned for the
+  // next `reserve_ahead` 64ths of the step and the current one (follow, residency.cpp, Note [Following reserve]); or
+  // that while the evictions of the last learned step were clean, else the step's peak (automatic, Note [Automatic
+  // reserve]).
+  reserve_mode reserve = reserve_mode::peak;
   std::uint32_t reserve_ahead = 4;
   std::chrono::microseconds period{200};            // migration thread period
   // How long an idle migration thread sleeps (residency.cpp, Note [Idle engine]); at most `period`: never idle.

@@ -331,9 +331,10 @@ namespace {
 
 // LAYERSWAP_RESERVE's value as written: "peak", "follow", "follow:N", "auto" or "auto:N".
 std::string reserve_text(const config& c) {
-  if (!c.reserve_follow && !c.reserve_auto) return "peak";
-  std::string text = c.reserve_auto ? "auto" : "follow";
-  const std::uint32_t ahead = c.reserve_auto ? config::k_auto_reserve_ahead : config::k_follow_reserve_ahead;
+  if (c.reserve == reserve_mode::peak) return "peak";
+  const bool automatic = c.reserve == reserve_mode::automatic;
+  std::string text = automatic ? "auto" : "follow";
+  const std::uint32_t ahead = automatic ? config::k_auto_reserve_ahead : config::k_follow_reserve_ahead;
   if (c.reserve_ahead != ahead) text += ':' + std::to_string(c.reserve_ahead);
   return text;
 }
@@ -584,9 +585,8 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
     const std::string_view v = trim(*reserve);
     const std::string_view accepted = k_settings[row_reserve].accepted;
     const std::string_view name = k_settings[row_reserve].name;
-    const auto set = [&](bool follow, bool automatic, std::uint32_t ahead) {
-      result.reserve_follow = follow;
-      result.reserve_auto = automatic;
+    const auto set = [&](reserve_mode mode, std::uint32_t ahead) {
+      result.reserve = mode;
       result.reserve_ahead = ahead;
     };
     // "follow:N" or "auto:N": the window N after the word's colon.
@@ -601,15 +601,15 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
       return n;
     };
     if (iequals(v, "peak")) {
-      set(false, false, config::k_auto_reserve_ahead);
+      set(reserve_mode::peak, config::k_auto_reserve_ahead);
     } else if (iequals(v, "follow")) {
-      set(true, false, config::k_follow_reserve_ahead);
+      set(reserve_mode::follow, config::k_follow_reserve_ahead);
     } else if (iequals(v, "auto")) {
-      set(false, true, config::k_auto_reserve_ahead);
+      set(reserve_mode::automatic, config::k_auto_reserve_ahead);
     } else if (const std::optional<std::uint32_t> n = window("follow")) {
-      set(true, false, *n);
+      set(reserve_mode::follow, *n);
     } else if (const std::optional<std::uint32_t> n = window("auto")) {
-      set(false, true, *n);
+      set(reserve_mode::automatic, *n);
     } else {
       reject(name, *reserve, "is none of auto, peak and follow", accepted);
     }

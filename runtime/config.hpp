@@ -16,6 +16,9 @@
 
 namespace layerswap {
 
+// LAYERSWAP_RESERVE's modes (allocator/residency.cpp, Notes [Following reserve] and [Automatic reserve]).
+enum class reserve_mode : std::uint8_t { peak, follow, automatic };
+
 // One row of the table.
 struct setting_info {
   const char* name;           // full variable name, e.g. "LAYERSWAP_BUDGET"
@@ -91,8 +94,7 @@ struct config {
   // LAYERSWAP_RESERVE: the policy's reserve for memory that cannot move (residency.cpp, Notes [Following reserve] and
   // [Automatic reserve]): the step's peak, the peak of the part of the learned step just ahead (`reserve_ahead`
   // 64ths: follow), or that while the evictions are clean and the step's peak otherwise (auto, the default).
-  bool reserve_follow = false;
-  bool reserve_auto = true;
+  reserve_mode reserve = reserve_mode::automatic;
   std::uint32_t reserve_ahead = k_auto_reserve_ahead;
   static constexpr std::uint32_t k_follow_reserve_ahead = 4;  // LAYERSWAP_RESERVE=follow's window
   static constexpr std::uint32_t k_auto_reserve_ahead = 8;    // LAYERSWAP_RESERVE=auto's

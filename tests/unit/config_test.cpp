@@ -792,26 +792,23 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
             std::string::npos);
   {  // auto by default (Note [Automatic reserve]): follows the step 8 64ths ahead while the evictions are clean
     const config c = parse_config(vars{});
-    EXPECT_TRUE(c.reserve_auto);
-    EXPECT_FALSE(c.reserve_follow);
+    EXPECT_EQ(c.reserve, reserve_mode::automatic);
     EXPECT_EQ(c.reserve_ahead, 8u);
   }
   {
     const config c = parse_config(vars{{"LAYERSWAP_RESERVE", " Peak "}});
-    EXPECT_FALSE(c.reserve_follow);
-    EXPECT_FALSE(c.reserve_auto);
+    EXPECT_EQ(c.reserve, reserve_mode::peak);
     EXPECT_NE(c.describe().find("LAYERSWAP_RESERVE=peak\n"), std::string::npos) << c.describe();
   }
   {
     const config c = parse_config(vars{{"LAYERSWAP_RESERVE", "follow"}});
-    EXPECT_TRUE(c.reserve_follow);
-    EXPECT_FALSE(c.reserve_auto);
+    EXPECT_EQ(c.reserve, reserve_mode::follow);
     EXPECT_EQ(c.reserve_ahead, 4u);
     EXPECT_NE(c.describe().find("LAYERSWAP_RESERVE=follow\n"), std::string::npos) << c.describe();
   }
   {
     const config c = parse_config(vars{{"LAYERSWAP_RESERVE", "AUTO"}});
-    EXPECT_TRUE(c.reserve_auto);
+    EXPECT_EQ(c.reserve, reserve_mode::automatic);
     EXPECT_EQ(c.reserve_ahead, 8u);
     EXPECT_NE(c.describe().find("LAYERSWAP_RESERVE=auto\n"), std::string::npos) << c.describe();
   }
@@ -819,8 +816,7 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
            {"follow:0", 0, false}, {"FOLLOW: 8", 8, false}, {"follow:32", 32, false}, {"follow:04", 4, false},
            {"auto:4", 4, true}, {"Auto: 16", 16, true}, {"auto:0", 0, true}}) {
     const config c = parse_config(vars{{"LAYERSWAP_RESERVE", text}});
-    EXPECT_EQ(c.reserve_follow, !automatic) << text;
-    EXPECT_EQ(c.reserve_auto, automatic) << text;
+    EXPECT_EQ(c.reserve, automatic ? reserve_mode::automatic : reserve_mode::follow) << text;
     EXPECT_EQ(c.reserve_ahead, ahead) << text;
   }
   EXPECT_NE(parse_config(vars{{"LAYERSWAP_RESERVE", "follow:8"}}).describe().find("LAYERSWAP_RESERVE=follow:8\n"),

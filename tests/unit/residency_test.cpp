@@ -120,14 +120,14 @@ struct split_free_for {
   ~split_free_for() { g_split_free = std::numeric_limits<std::size_t>::max(); }
 };
 
-// ... and residency_options::reserve_follow (Note [Following reserve]): off, as by default; follow_on for one test.
+// ... and residency_options::reserve (Note [Following reserve]): the step's peak unless said; follow_on for one test.
 bool g_follow = false;
 struct follow_on {
   explicit follow_on(bool on) { g_follow = on; }
   ~follow_on() { g_follow = false; }
 };
 
-// ... and residency_options::reserve_auto (Note [Automatic reserve]): off in these tests, which keep the step's peak
+// ... and reserve_mode::automatic (Note [Automatic reserve]): off in these tests, which keep the step's peak
 // unless said; auto_on for one test.
 bool g_auto = false;
 struct auto_on {
@@ -177,8 +177,7 @@ struct harness {
     o.composites = g_composites;
     o.split = g_split ? 4 : 0;
     o.split_free = g_split_free;
-    o.residency.reserve_follow = g_follow;
-    o.residency.reserve_auto = g_auto;
+    o.residency.reserve = g_auto ? reserve_mode::automatic : g_follow ? reserve_mode::follow : reserve_mode::peak;
     if (g_auto) o.residency.reserve_ahead = 8;
     o.residency.batch_digests = g_batch_digests;
     return o;

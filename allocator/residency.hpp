@@ -131,6 +131,10 @@ struct residency_stats {
   // remap_us by the eighth of the learned step the policy's last forecast was made in: where in the step the
   // migration thread's driver calls fall (without a learned step, all in the first).
   std::array<std::int64_t, 8> remap_us_by_phase{};
+  // Bytes moved by the eighth of the learned step their move ended in (the policy's last forecast, as above): where
+  // the evictions (host mappings, the dear remaps) and the prefetches fall.
+  std::array<std::int64_t, 8> evicted_bytes_by_phase{};
+  std::array<std::int64_t, 8> prefetched_bytes_by_phase{};
   bool active = false;                 // whether the engine moves regions (a fed gate or without_tracker)
 };
 

@@ -947,7 +947,9 @@ PER_STEP_STATS = ("launch_wait_s", "launch_waits", "launch_holds", "stall_evicti
                   "num_zombies_reaped", "num_splits", "num_spare_splits", "num_home_segments", "num_slab_reuses",
                   "reserve_followed", "reserve_auto_changes",
                   "cache_misses", "program_vmm_s", "engine_turn_wait_s") + tuple(
-                      f"late_wait_s_by_phase.{i}" for i in range(8)) + tuple(f"remap_s_by_phase.{i}" for i in range(8))
+                      f"late_wait_s_by_phase.{i}" for i in range(8)) + tuple(f"remap_s_by_phase.{i}" for i in range(8)) + tuple(
+                      f"evicted_bytes_by_phase.{i}" for i in range(8)) + tuple(
+                      f"prefetched_bytes_by_phase.{i}" for i in range(8))
 # The driver port's VMM call kinds (runtime/driver_calls.hpp's vmm_kind): the program's, summed as program_vmm_s.
 VMM_KINDS = ("create", "release", "map", "unmap", "set_access", "reserve")
 

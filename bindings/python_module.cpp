@@ -143,6 +143,12 @@ py::dict residency_dict(const residency_stats& r) {
   py::list remap_by_phase;
   for (const std::int64_t us : r.remap_us_by_phase) remap_by_phase.append(static_cast<double>(us) * 1e-6);
   d["remap_s_by_phase"] = remap_by_phase;
+  py::list evicted_by_phase;
+  for (const std::int64_t bytes : r.evicted_bytes_by_phase) evicted_by_phase.append(bytes);
+  d["evicted_bytes_by_phase"] = evicted_by_phase;
+  py::list prefetched_by_phase;
+  for (const std::int64_t bytes : r.prefetched_bytes_by_phase) prefetched_by_phase.append(bytes);
+  d["prefetched_bytes_by_phase"] = prefetched_by_phase;
   if (r.launches_counted) {
     d["hit_rate"] = 1.0 - static_cast<double>(r.launches_missed) / static_cast<double>(r.launches_counted);
   } else {

@@ -2302,6 +2302,19 @@ TEST(Residency, RemapTimeIsSplitByTheStepsEighth) {
   for (const std::int64_t us : st.remap_us_by_phase) by_phase += us;
   EXPECT_LE(st.remap_us - by_phase, 8) << "each eighth rounds down to a microsecond";
   EXPECT_LE(by_phase, st.remap_us);
+  // The bytes moved, by the eighth their move ended in: the eviction's, then the prefetch's, all in the first.
+  EXPECT_EQ(st.evicted_bytes_by_phase[0], static_cast<std::int64_t>(2 * MiB));
+  EXPECT_EQ(st.prefetched_bytes_by_phase[0], 0);
+  ASSERT_TRUE(alloc.request_prefetch(a));
+  for (int i = 0; i < 200 && alloc.residency_of(a) != region_residency::device; ++i) alloc.residency_tick();
+  ASSERT_EQ(alloc.residency_of(a), region_residency::device);
+  const residency_stats back = alloc.residency();
+  EXPECT_EQ(back.prefetched_bytes_by_phase[0], back.bytes_h2d);
+  EXPECT_EQ(back.prefetched_bytes_by_phase[0], static_cast<std::int64_t>(2 * MiB));
+  for (std::size_t i = 1; i < 8; ++i) {
+    EXPECT_EQ(back.evicted_bytes_by_phase[i], 0);
+    EXPECT_EQ(back.prefetched_bytes_by_phase[i], 0);
+  }
   alloc.deallocate(a);
   alloc.verify();
 }

@@ -296,7 +296,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <limits>
 #include <map>
@@ -510,7 +509,6 @@ struct residency_engine::impl {
   std::size_t step_evicted_bytes = 0;
   std::size_t step_clean_bytes = 0;
   bool clean_steps = false;
-  bool reserve_follows_now = false;  // the last round's reserve followed the step
   std::size_t cache_grown = 0;    // the automatic cache reserve's bytes before its cap (Note [Cache reserve])
   bool forecast_applied = false;   // the last policy round had a forecast (ranks mean next uses)
   std::uint64_t pin_generation = ~std::uint64_t{0};
@@ -1754,9 +1752,7 @@ struct residency_engine::impl {
       phase_seen[phase] = true;
       ++phases_seen;
     }
-    reserve_follows_now = false;
     if (!following() || (phases_seen < k_phases && phase_steps < k_follow_steps)) return max_transient;
-    reserve_follows_now = true;
     std::size_t reserve = 0;
     for (std::size_t k = 0; k <= options.reserve_ahead; ++k) {
       const std::size_t at = (phase + k) % k_phases;
@@ -1764,17 +1760,6 @@ struct residency_engine::impl {
     }
     ++st.reserve_followed;
     return std::min(reserve, max_transient);
-  }
-
-  // DEV A/B (session 47): under a following reserve, evictions make room only for wanted regions used within the
-  // next LSDEV_EVICT_HORIZON 64ths of the step; later ones are prefetched into room that is free without one.
-  const std::size_t dev_evict_horizon = [] {
-    const char* v = std::getenv("LSDEV_EVICT_HORIZON");
-    return v ? static_cast<std::size_t>(std::strtoul(v, nullptr, 10)) : k_phases + 1;
-  }();
-  [[nodiscard]] std::uint64_t eviction_horizon(const forecast& f) const noexcept {
-    if (dev_evict_horizon > k_phases || !reserve_follows_now || f.step_launches == 0) return ~std::uint64_t{0};
-    return f.step_launches * dev_evict_horizon / k_phases;
   }
 
   void policy_forecast(const forecast& f, std::size_t budget) {
@@ -1850,11 +1835,8 @@ struct residency_engine::impl {
       if (r->state == region_residency::device || r->state == region_residency::moving_in) committed += r->bytes;
     }
     std::size_t need = 0;
-    const std::uint64_t horizon = eviction_horizon(f);
     for (swap_region* r : order) {
-      if (r->state != region_residency::host || r->mv) continue;
-      if (r->rank < f.upcoming.size() && f.upcoming[r->rank].distance > horizon) continue;
-      need += r->bytes;
+      if (r->state == region_residency::host && !r->mv) need += r->bytes;
     }
     while (committed + need > capacity) {
       swap_region* victim = pick_forecast_victim([round](const swap_region& r) { return r.wanted_round == round; });

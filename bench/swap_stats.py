@@ -106,6 +106,9 @@ def main(argv=None):
         res["cases"][0]["resident_threads_per_step"] = {"pt_autograd_0": {"threads": 1, "cpu_s": 0.08}}
         (t,) = thread_rows(res)
         assert t["cpu"] == "0.100" and t["cpu res"] == "0.080" and t["runq res"] == "-", t
+        res["cases"][0]["evicted_bytes_by_phase.1_per_step"] = 2.5e8
+        (p,) = phase_rows(res)
+        assert p["figure"] == "evicted MB" and p["1"] == "250" and p["0"] == "-", p
         print("swap_stats self-test: ok")
         return 0
     with open(a.json) as fh:
@@ -134,7 +137,36 @@ def main(argv=None):
         print_table(threads, ["case", "thread", "n", "cpu", "cpu res", "runq", "runq res"])
         print("CPU seconds per timed step of each thread (by name; n: how many threads share it), layerswap's run and "
               "the resident one; runq: seconds it was ready to run but waited for a core")
+    phases = phase_rows(res)
+    if phases:
+        print()
+        print_table(phases, ["case", "figure"] + [str(i) for i in range(8)])
+        print("per timed step, by the eighth of the learned step (0: the forward pass's start): bytes evicted and "
+              "prefetched (by where the move ended), the migration thread's remap time, and launches' waits for late "
+              "prefetches")
     return 0
+
+
+# Where in the step the moves fall: per eighth of the learned step, per timed step (bench/swap.py's per-step figures).
+PHASES = [("evicted MB", "evicted_bytes_by_phase", 1e-6, "{:.0f}"),
+          ("prefetched MB", "prefetched_bytes_by_phase", 1e-6, "{:.0f}"),
+          ("remap ms", "remap_s_by_phase", 1e3, "{:.1f}"),
+          ("late wait ms", "late_wait_s_by_phase", 1e3, "{:.1f}")]
+
+
+def phase_rows(res):
+    """One row per side and figure: the figure in each eighth of the step; sides that recorded none are left out."""
+    out = []
+    for label, c in sides(res):
+        for name, key, scale, fmt in PHASES:
+            vals = [c.get(f"{key}.{i}_per_step") for i in range(8)]
+            if all(v is None for v in vals):
+                continue
+            row = {"case": label, "figure": name}
+            for i, v in enumerate(vals):
+                row[str(i)] = fmt.format(v * scale) if isinstance(v, (int, float)) else "-"
+            out.append(row)
+    return out
 
 
 def _seconds(v):

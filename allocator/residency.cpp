@@ -189,8 +189,11 @@
 //   58-100% of the bytes they evicted, were slower at every budget (the allocations' host waits up to 1.7x).
 //   LAYERSWAP_RESERVE=auto[:N] (the default, N = 8) therefore follows the step while at least nine tenths of the
 //   bytes the last learned step evicted were clean (eight tenths to keep following), and keeps the step's peak
-//   otherwise. It judges each step as it ends (judge_evictions); a step that evicted nothing changes nothing, and
-//   with LAYERSWAP_WRITEBACK=always no eviction is clean, so the reserve stays the peak. Measured as the default on a
+//   otherwise. It judges each step as it ends (judge_evictions); a step that evicted nothing changes nothing. Only
+//   evictions that can tell count: checked ones, and those copied at once after two dirty checks (dirty). A region's
+//   first eviction, with no digest yet (Note [Write-back]), copies whatever the region holds and tells nothing: counted
+//   as dirty it kept the reserve at the peak one step longer at the start (session 47). With
+//   LAYERSWAP_WRITEBACK=always no eviction is checked, so none counts and the reserve stays the peak. Measured as the default on a
 //   noisier H100 (resident 0.135 s): LoRA at 25% 0.982x the peak's step, at 10% 1.011x (inside the quartiles: the
 //   launch waits halve, the program's allocator calls grow by as much); the UNet's and full fine-tuning's reserve
 //   never followed the step.
@@ -362,6 +365,8 @@ struct move {
   bool digested = false;             // prefetch: a digest of the copy is enqueued, the region's at the remap
   bool carried = false;              // prefetch: the region keeps its digest (Note [Digest carried over])
   bool clean = false;                // eviction: the check proved the host copy current (no copy)
+  bool judged = false;               // eviction: it tells clean from dirty (Note [Automatic reserve]): checked, or
+                                     // copied at once after two dirty checks; not a region's first, with no digest
   std::uint64_t* words = nullptr;    // the region's digest result words (taken with the mutex held)
   std::uint32_t ticket = 0;          // prefetch: the hold published (0: none; Note [Holds])
   std::uint64_t number = 0;          // order of publication of the holds (release_holds)
@@ -504,8 +509,8 @@ struct residency_engine::impl {
   std::size_t phase_steps = 0;
   std::uint64_t phase_step = 0;
   std::size_t phase = 0;
-  // Note [Automatic reserve]: the bytes evicted since the last step began, and those of them clean; whether the
-  // reserve follows the step now.
+  // Note [Automatic reserve]: the bytes evicted since the last step began by evictions that tell (move::judged), and
+  // those of them clean; whether the reserve follows the step now.
   std::size_t step_evicted_bytes = 0;
   std::size_t step_clean_bytes = 0;
   bool clean_steps = false;
@@ -1119,8 +1124,10 @@ struct residency_engine::impl {
     // is stale from now on).
     if (r.unchecked != 0) {
       --r.unchecked;
+      m->judged = true;  // found dirty twice in a row: dirty
     } else {
       m->checking = r.digest_known && ensure_digest_slot(r);
+      m->judged = m->checking;
       if (m->checking) {
         // Poisoned first: a digest that never runs (a launch that failed without a word) must not read as clean.
         m->words = digest_words(r);
@@ -1396,11 +1403,13 @@ struct residency_engine::impl {
       r.evicted_seq = m.snapshot;
       if (m.clean) {
         ++st.writeback_skipped;
-        step_clean_bytes += r.bytes;
       } else {
         st.bytes_d2h += static_cast<std::int64_t>(r.bytes);
       }
-      step_evicted_bytes += r.bytes;
+      if (m.judged) {  // Note [Automatic reserve]
+        step_evicted_bytes += r.bytes;
+        if (m.clean) step_clean_bytes += r.bytes;
+      }
       ++st.evictions;
       st.evicted_bytes_by_phase[phase_slot()] += static_cast<std::int64_t>(r.bytes);
       if (m.sync) ++st.stall_evictions;
@@ -1716,7 +1725,7 @@ struct residency_engine::impl {
 
   // Note [Automatic reserve]: a learned step has ended; with LAYERSWAP_RESERVE=auto, the reserve follows the next
   // one if at least nine tenths of the bytes this one evicted were clean (eight tenths to keep following), and is
-  // the step's peak otherwise. A step that evicted nothing changes nothing.
+  // the step's peak otherwise. A step whose evictions told nothing (none checked) changes nothing.
   void judge_evictions() {
     const std::size_t evicted = std::exchange(step_evicted_bytes, 0);
     const std::size_t clean = std::exchange(step_clean_bytes, 0);

@@ -230,6 +230,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -1336,6 +1337,10 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
       seg = home_segment_locked(pool, npages << gran_shift, window);  // Note [Home segments]
       if (!seg && options.split > 1) {  // ... or a larger one split, rather than a chunk made and mapped
         if (void* p = allocate_spare_split_locked(bytes, npages, pool, true)) return p;
+      }
+      static const bool dev_idle_first = std::getenv("LSDEV_IDLE_FIRST") != nullptr;  // DEV A/B, session 47
+      if (!seg && dev_idle_first && options.split > 1) {  // an idle segment of the stream split, before a chunk
+        if (void* p = allocate_split_locked(bytes, npages, pool)) return p;
       }
     }
     if (!seg) {

@@ -2099,6 +2099,8 @@ bool residency_engine::host_backed_locked(const swap_region* r) const noexcept {
 
 bool residency_engine::moving_locked(const swap_region* r) const noexcept { return r->mv != nullptr || r->busy; }
 
+bool residency_engine::follows_step_locked() const noexcept { return impl_->following(); }
+
 void residency_engine::settle_locked(swap_region* r) { impl_->settle(*r); }
 
 bool residency_engine::remove_locked(swap_region* r) {

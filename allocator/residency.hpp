@@ -257,6 +257,9 @@ class residency_engine {
   [[nodiscard]] std::size_t chunk_pages_locked() const noexcept;
   [[nodiscard]] std::size_t spare_pages_locked() const noexcept;
   [[nodiscard]] bool has_spare_locked(std::size_t bytes) const noexcept;  // a spare chunk of exactly `bytes`
+  // Whether the reserve follows the step (LAYERSWAP_RESERVE=follow, or auto while the evictions are clean:
+  // residency.cpp, Notes [Following reserve] and [Automatic reserve]).
+  [[nodiscard]] bool follows_step_locked() const noexcept;
   // The bytes of the smallest spare chunk of `lo` to `hi` bytes; 0: none (caching_allocator.cpp, Note [Split spares]).
   [[nodiscard]] std::size_t spare_within_locked(std::size_t lo, std::size_t hi) const noexcept;
   // Releases spare chunks worth at least `pages` pages, or all of them (no host wait: nothing pending touches

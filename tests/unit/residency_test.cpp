@@ -2819,6 +2819,43 @@ TEST(Residency, SplitBoundRefusesSplitsThatLeaveTooMuchFree) {
   }
 }
 
+// Note [Idle segments before chunks]: under a following reserve, a request that has room but no cached segment of its
+// size, no free range and no spare splits an idle segment of its stream instead of making a chunk, and leaves the room
+// to the weights; with the step's peak, the idle segment is kept whole and the request makes a chunk of its own.
+TEST(Residency, UnderAFollowingReserveARequestSplitsAnIdleSegmentBeforeItMakesAChunk) {
+  for (const bool follow : {false, true}) {
+    SCOPED_TRACE(follow ? "follow" : "peak");
+    split_on on;
+    follow_on mode(follow);
+    harness h(24 * MiB, /*eager=*/false);
+    void* idle = h.written(4 * MiB, 0x31);
+    h.alloc.deallocate(idle);  // cached whole: 20 MiB of room left
+    const std::size_t creates = h.sim.num_creates(), maps = h.sim.num_maps();
+    const std::int64_t held = h.alloc.stats().device_bytes.current;
+    void* a = h.alloc.allocate(2 * MiB, h.s1);
+    h.write(h.s1, a, 2 * MiB, 0x32);
+    if (follow) {
+      EXPECT_EQ(a, idle) << "a range of the idle segment";
+      EXPECT_EQ(h.sim.num_creates(), creates);
+      EXPECT_EQ(h.sim.num_maps(), maps);
+      EXPECT_EQ(h.alloc.stats().device_bytes.current, held) << "the room was taken";
+      EXPECT_EQ(h.alloc.stats().num_splits, 1);
+    } else {
+      EXPECT_NE(a, idle);
+      EXPECT_GT(h.sim.num_creates(), creates) << "a chunk of its own, the idle segment kept whole";
+      EXPECT_EQ(h.alloc.stats().num_splits, 0);
+      void* again = h.alloc.allocate(4 * MiB, h.s1);
+      EXPECT_EQ(again, idle) << "kept for a request of its size";
+      h.alloc.deallocate(again);
+    }
+    h.sim.run_all();
+    EXPECT_TRUE(h.holds(a, 2 * MiB, 0x32));
+    EXPECT_NO_THROW(h.alloc.verify());
+    h.alloc.deallocate(a);
+    h.expect_clean();
+  }
+}
+
 // Note [Free ranges first]: a request that has room for a new segment takes a free range of a segment its stream split
 // instead, with no chunk made and no mapping, and leaves the room; a segment of its own size cached, or a whole idle
 // segment, is not touched that way (the first is a plain hit, the second is split only when there is no room).

@@ -15,7 +15,8 @@
 // allocate(bytes, stream)
 //   small: a block from the first slab of the class with room in the stream's pool, else a new slab;
 //   large: a cached large segment of the stream's pool with npages .. npages + npages/8 pages, else a free range
-//          of one of its split segments (Note [Free ranges first]), else a new segment.
+//          of one of its split segments (Note [Free ranges first]), else (while the reserve follows the step) a
+//          range of an idle segment (Note [Idle segments before chunks]), else a new segment.
 //   A new segment gathers pages: idle pooled pages first, then new pages while under the budget, then
 //   pages reclaimed from idle segments, least recently freed first (Note [Unmap fences]). Only when none
 //   is left does it fail, with a message that names the budget and the largest holders. With residency, a new
@@ -171,7 +172,8 @@
 //   bound]). Such a request now takes the smallest of those free ranges that holds it (at most LAYERSWAP_SPLIT times
 //   its size, as any split) before it makes anything: same stream, so no fence and no driver call, and the room it
 //   leaves stays for the policy's prefetches. Whole idle segments are still split only when there is no room (they
-//   are kept whole for requests of their own size). Measured against the code before (docs/history.md, session 45;
+//   are kept whole for requests of their own size), or while the reserve follows the step (Note [Idle segments before
+//   chunks]). Measured against the code before (docs/history.md, session 45;
 //   per cycle, the step of this code over the step of the code before in the same call):
 //   - the 1.1B LoRA at 25%: 0.892x on an H100 whose resident step was 0.112 s (quartiles 0.837-0.924; 247 ranges
 //     taken a step instead of 35, launch waits 5.9 ms a step against 4.5), and 0.981x on an H200 (resident 0.129 s;

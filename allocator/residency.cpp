@@ -179,23 +179,23 @@
 //   program still made ~145 segments a step (~300 without home segments): 1.3-1.4x the resident step against 1.1x.
 //
 // Note [Automatic reserve]
-//   A following reserve (above) pays off where handing room back to the activations is cheap: the evictions that give it
-//   back are clean (Note [Write-back]: frozen weights, no copy to the host, only a remap). Where the regions it moves are
-//   trained every step, each such eviction first copies the region back, and the activations' requests wait for it.
-//   Session 46 measured both on the H100 (docs/history.md): with `follow:8` a 1.1B LoRA at 25% stepped 0.948x the peak
-//   reserve's step on a host with a 0.097 s resident step (launch waits 1.4 ms a step against 6.6, 2.59 GB moved against
-//   3.18) and 0.980x at 50% (1.049x at 10%, within its quartiles on a noisy host; 99% of the evicted bytes clean at
-//   each), while the UNet (1.05-1.10x) and full fine-tuning (1.05-1.10x), which copied back 58-100% of the bytes they
-//   evicted, were slower at every budget (the allocations' host waits up to 1.7x). LAYERSWAP_RESERVE=auto[:N] (the
-//   default, N = 8) therefore follows the step while at least nine tenths of the bytes the last learned step evicted were
-//   clean (eight tenths to keep following), and keeps the step's peak otherwise. It judges each step as it ends
-//   (judge_evictions); a step that evicted nothing changes nothing. Only evictions that can tell count: checked ones, and
-//   those copied at once after two dirty checks (dirty). A region's first eviction, with no digest yet (Note
-//   [Write-back]), copies whatever the region holds and tells nothing: counted as dirty it kept the reserve at the peak
-//   one step longer at the start (session 47). With LAYERSWAP_WRITEBACK=always no eviction is checked, so none counts and
-//   the reserve stays the peak. Measured as the default on a noisier H100 (resident 0.135 s): LoRA at 25% 0.982x the
-//   peak's step, at 10% 1.011x (inside the quartiles: the launch waits halve, the program's allocator calls grow by as
-//   much); the UNet's and full fine-tuning's reserve never followed the step.
+//   A following reserve (above) pays off where handing room back to the activations is cheap: the evictions that give
+//   it back are clean (Note [Write-back]: frozen weights, no copy to the host, only a remap). Where the regions it
+//   moves are trained every step, each such eviction first copies the region back, and the activations' requests wait
+//   for it. Session 46 measured both on the H100 (docs/history.md): with `follow:8` a 1.1B LoRA at 25% stepped 0.948x
+//   the peak reserve's step on a host with a 0.097 s resident step (launch waits 1.4 ms a step against 6.6, 2.59 GB
+//   moved against 3.18) and 0.980x at 50% (1.049x at 10%, within its quartiles on a noisy host; 99% of the evicted
+//   bytes clean at each), while the UNet (1.05-1.10x) and full fine-tuning (1.05-1.10x), which copied back 58-100% of
+//   the bytes they evicted, were slower at every budget (the allocations' host waits up to 1.7x).
+//   LAYERSWAP_RESERVE=auto[:N] (the default, N = 8) therefore follows the step while at least nine tenths of the bytes
+//   the last learned step evicted were clean (eight tenths to keep following), and keeps the step's peak otherwise. It
+//   judges each step as it ends (judge_evictions); a step that evicted nothing changes nothing. Only evictions that can
+//   tell count: checked ones, and those copied at once after two dirty checks (dirty). A region's first eviction, with
+//   no digest yet (Note [Write-back]), copies whatever the region holds and tells nothing: counted as dirty it kept the
+//   reserve at the peak one step longer at the start (session 47). With LAYERSWAP_WRITEBACK=always no eviction is
+//   checked, so none counts and the reserve stays the peak. Measured as the default on a noisier H100 (resident 0.135
+//   s): LoRA at 25% 0.982x the peak's step, at 10% 1.011x (inside the quartiles: the launch waits halve, the program's
+//   allocator calls grow by as much); the UNet's and full fine-tuning's reserve never followed the step.
 //
 // Note [Reclaiming for a prefetch]
 //   A prefetch with no spare of its size and no room could take the allocator's idle cache (segments the program

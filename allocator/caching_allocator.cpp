@@ -606,13 +606,17 @@ struct caching_allocator::impl final : detail::page_source {
   void set_owner_locked(device_ptr va, std::size_t npages, segment* seg);
   void release_block_locked(segment* seg, std::uint32_t block);
   // Note [Split segments]
-  void* allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool);
   struct range_pick {
     segment* seg;
     std::size_t index;
     std::size_t n;
   };
   [[nodiscard]] range_pick smallest_free_range_locked(const stream_pool* pool, std::size_t npages) const;
+  void* allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool) {
+    return allocate_split_locked(bytes, npages, pool, smallest_free_range_locked(pool, npages));
+  }
+  // ... with `best`, the pool's smallest free range that holds the request, already looked up.
+  void* allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool, range_pick best);
   void* allocate_spare_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool, bool homes_only);
   // The request's range from `seg`: its free range `index`, or, `whole`, the idle segment split for the first time.
   void* take_range_locked(segment* seg, std::size_t index, bool whole, std::size_t bytes, std::size_t npages);
@@ -1346,16 +1350,17 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
     idle.erase(seg);
   } else {
     if (engine && !homes_tried) {
+      range_pick free_range{};  // none: nothing below takes a range or frees one unless it returns
       if (options.split > 1) {  // Note [Free ranges first]
-        const range_pick pick = smallest_free_range_locked(pool, npages);
-        if (pick.seg) return take_range_locked(pick.seg, pick.index, false, bytes, npages);
+        free_range = smallest_free_range_locked(pool, npages);
+        if (free_range.seg) return take_range_locked(free_range.seg, free_range.index, false, bytes, npages);
       }
       seg = home_segment_locked(pool, npages << gran_shift, window);  // Note [Home segments]
       if (!seg && options.split > 1) {  // ... or a larger one split, rather than a chunk made and mapped
         if (void* p = allocate_spare_split_locked(bytes, npages, pool, true)) return p;
       }
       if (!seg && options.split > 1 && engine->follows_step_locked()) {  // Note [Idle segments before chunks]
-        if (void* p = allocate_split_locked(bytes, npages, pool)) return p;
+        if (void* p = allocate_split_locked(bytes, npages, pool, free_range)) return p;
       }
     }
     if (!seg) {
@@ -1485,8 +1490,8 @@ caching_allocator::impl::range_pick caching_allocator::impl::smallest_free_range
   return best;
 }
 
-void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool) {
-  range_pick best = smallest_free_range_locked(pool, npages);
+void* caching_allocator::impl::allocate_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool,
+                                                      range_pick best) {
   bool whole = false;  // best is an idle segment
   // An idle segment above the reuse window, only if smaller than that range: whole ones are kept whole first.
   const std::size_t end = std::min(pool->free_by_pages.size(), best.n);

@@ -542,7 +542,12 @@ struct residency_engine::impl {
   std::atomic<std::int64_t> stage_ns{0};
   // remap_ns by the eighth of the learned step the last forecast was made in (residency_stats::remap_us_by_phase).
   std::array<std::atomic<std::int64_t>, 8> remap_ns_by_phase{};
+  // The slot of step_phase in the arrays by eighth of the step (these and residency_stats's), all of one size.
   [[nodiscard]] std::size_t phase_slot() const noexcept {
+    constexpr std::size_t eighths = std::tuple_size_v<decltype(remap_ns_by_phase)>;
+    static_assert(std::tuple_size_v<decltype(st.late_wait_us_by_phase)> == eighths &&
+                  std::tuple_size_v<decltype(st.evicted_bytes_by_phase)> == eighths &&
+                  std::tuple_size_v<decltype(st.prefetched_bytes_by_phase)> == eighths);
     return std::min<std::size_t>(step_phase, remap_ns_by_phase.size() - 1);
   }
   std::atomic<std::int64_t>& remap_phase_ns() noexcept { return remap_ns_by_phase[phase_slot()]; }
@@ -1425,8 +1430,7 @@ struct residency_engine::impl {
     const auto remap_us = static_cast<std::int64_t>(m.remapped_ns > copied ? (m.remapped_ns - copied) / 1000 : 0);
     st.late_copy_wait_us += copy_us;
     st.late_remap_wait_us += remap_us;
-    st.late_wait_us_by_phase[std::min<std::size_t>(step_phase, st.late_wait_us_by_phase.size() - 1)] +=
-        copy_us + remap_us;
+    st.late_wait_us_by_phase[phase_slot()] += copy_us + remap_us;
   }
 
   void end_move(swap_region& r) {

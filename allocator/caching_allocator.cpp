@@ -247,7 +247,6 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -482,17 +481,6 @@ struct caching_allocator::impl final : detail::page_source {
     if (options.budget == 0 || options.split_free == none) return none;
     const std::size_t cap = options.split_free >> gran_shift;
     return split_free_pages > cap ? 0 : npages + (cap - split_free_pages);
-  }
-  // Note [Splits under a following reserve]: the most granules of a free range or an idle segment that a request of
-  // `npages` splits: LAYERSWAP_SPLIT times its size, or, while the reserve follows the step, any (the split bound
-  // above still holds).
-  const bool lsdev_split_any = [] {  // LSDEV: the A/B switch, removed once measured
-    const char* v = std::getenv("LSDEV_SPLIT_ANY");
-    return v == nullptr || v[0] != '0';
-  }();
-  [[nodiscard]] std::size_t split_most_locked(std::size_t npages) const noexcept {
-    if (lsdev_split_any && engine && engine->follows_step_locked()) return std::numeric_limits<std::size_t>::max() - 1;
-    return npages * options.split;
   }
   std::vector<pending_free> pending;
   std::unordered_map<device_ptr, std::vector<stream_handle>> recorded;
@@ -1491,7 +1479,7 @@ bool caching_allocator::impl::splittable_locked(const segment* seg) const noexce
 // (nullptr: none), the range's index, and its granules.
 caching_allocator::impl::range_pick caching_allocator::impl::smallest_free_range_locked(const stream_pool* pool,
                                                                                       std::size_t npages) const {
-  range_pick best{nullptr, 0, split_most_locked(npages) + 1};
+  range_pick best{nullptr, 0, npages * options.split + 1};
   for (segment* s : pool->split) {
     if (!splittable_locked(s)) continue;
     for (std::size_t i = 0; i < s->ranges.size(); ++i) {

@@ -2856,56 +2856,6 @@ TEST(Residency, UnderAFollowingReserveARequestSplitsAnIdleSegmentBeforeItMakesAC
   }
 }
 
-// Note [Splits under a following reserve]: while the reserve follows the step, a request splits an idle segment of its
-// stream or a free range however much larger than LAYERSWAP_SPLIT times its size (4 here) they are, before it reclaims
-// a segment or makes a chunk; with the step's peak, the ratio holds and the idle segment is reclaimed for a chunk.
-TEST(Residency, UnderAFollowingReserveAnyIdleSegmentIsSplitBeforeAChunkIsMade) {
-  for (const bool follow : {false, true}) {
-    SCOPED_TRACE(follow ? "follow" : "peak");
-    split_on on;
-    follow_on mode(follow);
-    harness h(24 * MiB, /*eager=*/false);
-    auto* idle = static_cast<char*>(h.written(12 * MiB, 0x31));  // six times the requests below
-    void* fill = h.written(12 * MiB, 0x32);                       // the budget is full
-    h.alloc.deallocate(idle);
-    const std::size_t creates = h.sim.num_creates();
-    void* a = h.alloc.allocate(2 * MiB, h.s1);  // no room
-    h.write(h.s1, a, 2 * MiB, 0x33);
-    void* b = h.alloc.allocate(2 * MiB, h.s1);
-    h.write(h.s1, b, 2 * MiB, 0x34);
-    const allocator_stats st = h.alloc.stats();
-    if (follow) {
-      EXPECT_EQ(a, idle) << "a range of the idle segment";
-      EXPECT_EQ(b, idle + 2 * MiB) << "the split segment's free range";
-      EXPECT_EQ(h.sim.num_creates(), creates);
-      EXPECT_EQ(st.num_reclaims, 0);
-      EXPECT_EQ(st.num_splits, 2);
-    } else {
-      EXPECT_GT(h.sim.num_creates(), creates) << "the idle segment is past the ratio: reclaimed, a chunk made";
-      EXPECT_EQ(st.num_reclaims, 1);
-      EXPECT_EQ(st.num_splits, 0);
-    }
-    h.alloc.deallocate(fill);
-    h.alloc.empty_cache();  // room now
-    if (follow) {
-      void* c = h.alloc.allocate(4 * MiB, h.s1);  // with room: the free range (8 MiB), no chunk
-      EXPECT_EQ(c, idle + 4 * MiB);
-      EXPECT_EQ(h.sim.num_creates(), creates);
-      h.write(h.s1, c, 4 * MiB, 0x35);
-      h.sim.run_all();
-      EXPECT_TRUE(h.holds(c, 4 * MiB, 0x35));
-      h.alloc.deallocate(c);
-    }
-    h.sim.run_all();
-    EXPECT_TRUE(h.holds(a, 2 * MiB, 0x33));
-    EXPECT_TRUE(h.holds(b, 2 * MiB, 0x34));
-    EXPECT_NO_THROW(h.alloc.verify());
-    h.alloc.deallocate(a);
-    h.alloc.deallocate(b);
-    h.expect_clean();
-  }
-}
-
 // Note [Free ranges first]: a request that has room for a new segment takes a free range of a segment its stream split
 // instead, with no chunk made and no mapping, and leaves the room; a segment of its own size cached, or a whole idle
 // segment, is not touched that way (the first is a plain hit, the second is split only when there is no room).

@@ -6,7 +6,11 @@ variants (bench/swap.py --variant NAME:...) follow it, as "model fraction [NAME]
 
     python3 bench/swap_stats.py bench/results/swap.json
 
-Figures a run did not record (an older layerswap) print as '-'."""
+Figures a run did not record (an older layerswap) print as '-'. With --relation MODEL it reads any number of runs and
+prints instead how the step's excess over the resident step goes with the migration thread's remap time, over every
+side of MODEL (variants included):
+
+    python3 bench/swap_stats.py --relation llama-lora bench/results/swap_s4*.json"""
 import argparse
 import json
 import pathlib
@@ -86,10 +90,22 @@ def print_table(table, names, label=lambda n: n):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("json", nargs="?", default="bench/results/swap.json")
+    ap.add_argument("json", nargs="*", default=["bench/results/swap.json"])
+    ap.add_argument("--relation", metavar="MODEL", help="the step's excess against the remap time over every side of "
+                    "MODEL in the runs given")
     ap.add_argument("--self-test", action="store_true")
     a = ap.parse_args(argv)
     if a.self_test:
+        cases = [{"model": "m", "resident_step_s": 0.1, "step_s": 0.13, "remap_s_per_step": 0.06,
+                  "variants": {"v": {"step_s": 0.14, "remap_s_per_step": 0.08}, "w": {"step_s": 0.2}}},
+                 {"model": "n", "resident_step_s": 0.1, "step_s": 0.5, "remap_s_per_step": 0.1},
+                 {"model": "m", "resident_step_s": 0.2, "step_s": 0.25, "remap_s_per_step": 0.1}]
+        pts = relation_points([{"cases": cases}], "m")
+        assert [(round(e, 9), r) for e, r in pts] == [(0.03, 0.06), (0.04, 0.08), (0.05, 0.1)], pts
+        summary = relation_summary(pts)
+        assert summary["n"] == 3 and abs(summary["correlation"] - 1) < 1e-9 and abs(summary["slope"] - 0.5) < 1e-9
+        assert all(abs(x - 0.5) < 1e-9 for x in [summary["ratio_median"]] + summary["ratio_range"]), summary
+        assert relation_summary(pts[:2])["quartiles"] is None  # too few sides for quartiles
         res = {"settings": {"steps": 12, "warmup": 2},
                "cases": [{"model": "m", "budget_fraction": 0.25, "step_s": 0.25, "call_s_per_step": 0.0125,
                           "layerswap_stats": {"after_warmup": {"segments": {"allocated": 10}},
@@ -111,7 +127,29 @@ def main(argv=None):
         assert p["figure"] == "evicted MB" and p["1"] == "250" and p["0"] == "-", p
         print("swap_stats self-test: ok")
         return 0
-    with open(a.json) as fh:
+    if a.relation:
+        results = []
+        for name in a.json:
+            with open(name) as fh:
+                results.append(json.load(fh))
+        pts = relation_points(results, a.relation)
+        if len(pts) < 2:
+            print(f"{len(pts)} side(s) of {a.relation} with a step, a resident step and a remap time: too few",
+                  file=sys.stderr)
+            return 1
+        summary = relation_summary(pts)
+        quart = summary["quartiles"]
+        def two(x):
+            return "-" if x is None else f"{x:.2f}"
+        print(f"{a.relation}: {summary['n']} sides in {len(a.json)} runs; the step's excess over the resident step "
+              f"against the migration thread's remap time: correlation {two(summary['correlation'])}, slope "
+              f"{two(summary['slope'])} s per s; their ratio: median {summary['ratio_median']:.2f}"
+              + (f", quartiles {quart[0]:.2f}-{quart[1]:.2f}" if quart else "")
+              + f", range {summary['ratio_range'][0]:.2f}-{summary['ratio_range'][1]:.2f}")
+        return 0
+    if len(a.json) != 1:
+        ap.error("one run at a time, unless --relation")
+    with open(a.json[0]) as fh:
         res = json.load(fh)
     table = rows(res)
     if not table:
@@ -167,6 +205,37 @@ def phase_rows(res):
                 row[str(i)] = fmt.format(v * scale) if isinstance(v, (int, float)) else "-"
             out.append(row)
     return out
+
+
+def relation_points(results, model):
+    """(the step's excess over the resident step, the migration thread's remap time), seconds per step, for every side
+    of `model` in `results` (bench/swap.py runs: each case and its variants, against the case's resident step) that
+    recorded both."""
+    pts = []
+    for res in results:
+        for c in res.get("cases", []):
+            resident = c.get("resident_step_s")
+            if c.get("model") != model or not resident:
+                continue
+            for side in [c] + list((c.get("variants") or {}).values()):
+                if side.get("step_s") and side.get("remap_s_per_step"):
+                    pts.append((side["step_s"] - resident, side["remap_s_per_step"]))
+    return pts
+
+
+def relation_summary(pts):
+    """How the excess goes with the remap time over `pts` (relation_points, two or more): their correlation, the
+    least-squares slope of excess on remap time, and the ratio excess / remap time's median, quartiles (None with
+    fewer than four sides) and range."""
+    import statistics
+    excess, remap = [e for e, _ in pts], [r for _, r in pts]
+    ratios = sorted(e / r for e, r in pts)
+    same = len(set(excess)) == 1 or len(set(remap)) == 1
+    return {"n": len(pts), "correlation": None if same else statistics.correlation(remap, excess),
+            "slope": None if len(set(remap)) == 1 else statistics.linear_regression(remap, excess).slope,
+            "ratio_median": statistics.median(ratios),
+            "quartiles": (lambda q: [q[0], q[2]])(statistics.quantiles(ratios, n=4)) if len(ratios) >= 4 else None,
+            "ratio_range": [ratios[0], ratios[-1]]}
 
 
 def _seconds(v):

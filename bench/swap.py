@@ -2115,10 +2115,8 @@ def set_resident(res, case, model, step_s):
             continue
         c["resident_step_s"] = model["resident_step_s"]
         c["resident_step_s_runs"] = model["resident_step_s_runs"]
-        if c.get("bound_s") is not None and res["h2d_gbps"]:
-            c["bound_s"] = max(model["resident_step_s"], c["belady_h2d_bytes_per_step"] / (res["h2d_gbps"] * 1e9))
-            if c.get("step_s"):
-                c["step_over_bound"] = c["step_s"] / c["bound_s"]
+        if res["h2d_gbps"]:
+            rebound(c, res["h2d_gbps"])
 
 
 def empty_case(case, fraction, error):

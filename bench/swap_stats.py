@@ -14,6 +14,7 @@ side of MODEL (variants included):
 import argparse
 import json
 import pathlib
+import statistics
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -227,7 +228,6 @@ def relation_summary(pts):
     """How the excess goes with the remap time over `pts` (relation_points, two or more): their correlation, the
     least-squares slope of excess on remap time, and the ratio excess / remap time's median, quartiles (None with
     fewer than four sides) and range."""
-    import statistics
     excess, remap = [e for e, _ in pts], [r for _, r in pts]
     ratios = sorted(e / r for e, r in pts)
     same = len(set(excess)) == 1 or len(set(remap)) == 1

@@ -164,6 +164,25 @@
 //   split is always taken: that lowers the count. With the bound at an eighth of the budget (session 41's dev patch)
 //   full fine-tuning at 10% went from 1.40x to 0.94x the default, and the UNet at 25% kept its split gain (0.77x).
 //
+// Note [Splits by reserve]
+//   LAYERSWAP_SPLIT's ratio and LAYERSWAP_SPLIT_FREE's bound keep the policy's room from the program's ranges (Notes
+//   [Split segments], [Split bound]). How much room they keep depends on the reserve for activations. While it
+//   follows the step (residency.cpp, Note [Following reserve]), the budget's room is what the reserve hands the
+//   weights 64th by 64th, and a big segment split for a small request stays live, out of the policy's reach (session
+//   48: splits of any size there made the 1.1B LoRA 3-7% slower at 25%). While the reserve is the step's peak, the
+//   room for activations is set aside whatever their segments' sizes, and the narrow bounds only make the program
+//   remake segments: on the H100 at 10% of the UNet's movable bytes, where the policy moves almost nothing, requests
+//   of 1.25-12 MiB found 0 B of room, idle segments of other sizes and 144-154 MiB in free ranges, at the 160 MiB
+//   bound (an eighth of the 1.28 GB budget), and more than 8 times their size; each reclaimed an idle segment and
+//   made a chunk: 176-221 chunks a step, 0.10-0.11 s of allocator calls in a 0.18-0.20 s step (session 49, a debug
+//   log). So the ratio and the bound are wider there: 32 times and a quarter of the budget by default (8/32 and
+//   12.5%/25%). Measured as environment variants against 8 and 12.5% in both modes, per cycle of the same H100 run
+//   (session 49): the UNet at 10% 0.741x the step (quartiles 0.718-0.810; chunks made 205 -> 13 a step), at 25%
+//   0.977x (0.930-1.024); full fine-tuning at 10% 0.899x (0.884-1.018), at 25% 0.961x (0.918-1.032). The 1.1B LoRA
+//   follows the step under LAYERSWAP_RESERVE=auto, so its bounds are unchanged (the same widening there: 1.029x,
+//   0.908-1.103; the bound alone at 25%: 1.049x, 1.013-1.085). Session 41's starvation came with no bound at all;
+//   at a quarter of the budget full fine-tuning at 10% ran faster, not slower.
+//
 // Note [Free ranges first]
 //   A large request that finds no cached segment of its size but has room for a new one (pooled pages, the budget's
 //   headroom, or a spare chunk released for it) used to make one: a chunk made, mapped at a new VA, access granted, on
@@ -478,9 +497,17 @@ struct caching_allocator::impl final : detail::page_source {
   std::size_t split_free_pages = 0;
   [[nodiscard]] std::size_t split_whole_most_locked(std::size_t npages) const noexcept {
     constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
-    if (options.budget == 0 || options.split_free == none) return none;
-    const std::size_t cap = options.split_free >> gran_shift;
+    const std::size_t bound =
+        following_locked() ? options.split_free : options.split_free_peak.value_or(options.split_free);
+    if (options.budget == 0 || bound == none) return none;
+    const std::size_t cap = bound >> gran_shift;
     return split_free_pages > cap ? 0 : npages + (cap - split_free_pages);
+  }
+  // Note [Splits by reserve]: whether the reserve for activations follows the step, and the most times its size a
+  // segment may be that a request takes a range of (LAYERSWAP_SPLIT).
+  [[nodiscard]] bool following_locked() const noexcept { return engine && engine->follows_step_locked(); }
+  [[nodiscard]] std::size_t split_ratio_locked() const noexcept {
+    return following_locked() || options.split_peak == 0 ? options.split : options.split_peak;
   }
   std::vector<pending_free> pending;
   std::unordered_map<device_ptr, std::vector<stream_handle>> recorded;
@@ -1359,7 +1386,7 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
       if (!seg && options.split > 1) {  // ... or a larger one split, rather than a chunk made and mapped
         if (void* p = allocate_spare_split_locked(bytes, npages, pool, true)) return p;
       }
-      if (!seg && options.split > 1 && engine->follows_step_locked()) {  // Note [Idle segments before chunks]
+      if (!seg && options.split > 1 && following_locked()) {  // Note [Idle segments before chunks]
         if (void* p = allocate_split_locked(bytes, npages, pool, free_range)) return p;
       }
     }
@@ -1479,7 +1506,7 @@ bool caching_allocator::impl::splittable_locked(const segment* seg) const noexce
 // (nullptr: none), the range's index, and its granules.
 caching_allocator::impl::range_pick caching_allocator::impl::smallest_free_range_locked(const stream_pool* pool,
                                                                                       std::size_t npages) const {
-  range_pick best{nullptr, 0, npages * options.split + 1};
+  range_pick best{nullptr, 0, npages * split_ratio_locked() + 1};
   for (segment* s : pool->split) {
     if (!splittable_locked(s)) continue;
     for (std::size_t i = 0; i < s->ranges.size(); ++i) {
@@ -1548,7 +1575,7 @@ void* caching_allocator::impl::take_range_locked(segment* best, std::size_t inde
 void* caching_allocator::impl::allocate_spare_split_locked(std::size_t bytes, std::size_t npages, stream_pool* pool,
                                                            bool homes_only) {
   const std::size_t lo = (npages + npages / 8 + 1) << gran_shift;
-  const std::size_t hi = std::min(npages * options.split, split_whole_most_locked(npages)) << gran_shift;
+  const std::size_t hi = std::min(npages * split_ratio_locked(), split_whole_most_locked(npages)) << gran_shift;
   if (hi < lo) return nullptr;  // Note [Split bound]
   segment* seg = home_segment_locked(pool, lo, hi);
   if (!seg) {

@@ -14,6 +14,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -32,11 +33,15 @@ struct allocator_options {
   double oversize = 1.0;  // LAYERSWAP_OVERSIZE: Note [Oversize reuse] in caching_allocator.cpp; 1 = off
   bool composites = false;  // LAYERSWAP_COMPOSITES: Note [Composites] in caching_allocator.cpp (residency only)
   // LAYERSWAP_SPLIT: Note [Split segments] in caching_allocator.cpp (residency only): 0 = off, else the most times
-  // its size a segment is that a large request takes a range of.
+  // its size a segment is that a large request takes a range of; while the reserve for activations is the step's
+  // peak, `split_peak` instead when set (Note [Splits by reserve]; 0: as `split`).
   std::size_t split = 0;
+  std::size_t split_peak = 0;
   // LAYERSWAP_SPLIT_FREE: Note [Split bound] in caching_allocator.cpp: the most bytes split segments' free ranges may
-  // hold after a split that takes a whole segment (only under a budget); the maximum = no bound.
+  // hold after a split that takes a whole segment (only under a budget); the maximum = no bound. While the reserve
+  // is the step's peak, `split_free_peak` instead when set.
   std::size_t split_free = std::numeric_limits<std::size_t>::max();
+  std::optional<std::size_t> split_free_peak;
   bool reclaim_fit = true;  // LAYERSWAP_RECLAIM: Note [Reclaim by fit] in caching_allocator.cpp; false = oldest first
   residency_options residency;                    // swapping (allocator/residency.hpp); off by default
 };

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <optional>
 
@@ -105,7 +106,10 @@ caching_allocator& allocator_for(int device) {
   opts.oversize = cfg.oversize;
   opts.composites = cfg.composites;
   opts.split = cfg.split;
-  if (cfg.split_free.is_set()) opts.split_free = cfg.split_free.resolve(opts.budget);  // Note [Split bound]
+  opts.split_peak = cfg.split_peak;  // Note [Splits by reserve]
+  constexpr std::size_t no_bound = std::numeric_limits<std::size_t>::max();  // Note [Split bound]
+  opts.split_free = cfg.split_free.is_set() ? cfg.split_free.resolve(opts.budget) : no_bound;
+  opts.split_free_peak = cfg.split_free_peak.is_set() ? cfg.split_free_peak.resolve(opts.budget) : no_bound;
   opts.reclaim_fit = cfg.reclaim_fit;
   // Swapping (allocator/residency.hpp): the engine runs when layerswap is on; its thread only under a budget, and
   // it moves regions only while the launch tracker feeds the residency gate.

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <sstream>
 #include <string>
@@ -83,6 +84,21 @@ py::dict stats_dict(const allocator_stats& s) {
   return d;
 }
 
+// One of residency_stats' arrays by the eighth of the learned step, as a list: counts as they are (count_list),
+// microseconds as seconds (seconds_list).
+template <std::size_t N>
+py::list count_list(const std::array<std::int64_t, N>& values) {
+  py::list out;
+  for (const std::int64_t v : values) out.append(v);
+  return out;
+}
+template <std::size_t N>
+py::list seconds_list(const std::array<std::int64_t, N>& us) {
+  py::list out;
+  for (const std::int64_t v : us) out.append(static_cast<double>(v) * 1e-6);
+  return out;
+}
+
 py::dict residency_dict(const residency_stats& r) {
   py::dict d;
   d["active"] = r.active;
@@ -134,21 +150,11 @@ py::dict residency_dict(const residency_stats& r) {
   d["late_lead_s"] = static_cast<double>(r.late_lead_us) * 1e-6;
   d["late_copy_wait_s"] = static_cast<double>(r.late_copy_wait_us) * 1e-6;
   d["late_remap_wait_s"] = static_cast<double>(r.late_remap_wait_us) * 1e-6;
-  py::list by_phase;
-  for (const std::int64_t us : r.late_wait_us_by_phase) by_phase.append(static_cast<double>(us) * 1e-6);
-  d["late_wait_s_by_phase"] = by_phase;
-  py::list transient_by_phase;
-  for (const std::int64_t bytes : r.transient_peak_by_phase) transient_by_phase.append(bytes);
-  d["transient_peak_by_phase"] = transient_by_phase;
-  py::list remap_by_phase;
-  for (const std::int64_t us : r.remap_us_by_phase) remap_by_phase.append(static_cast<double>(us) * 1e-6);
-  d["remap_s_by_phase"] = remap_by_phase;
-  py::list evicted_by_phase;
-  for (const std::int64_t bytes : r.evicted_bytes_by_phase) evicted_by_phase.append(bytes);
-  d["evicted_bytes_by_phase"] = evicted_by_phase;
-  py::list prefetched_by_phase;
-  for (const std::int64_t bytes : r.prefetched_bytes_by_phase) prefetched_by_phase.append(bytes);
-  d["prefetched_bytes_by_phase"] = prefetched_by_phase;
+  d["late_wait_s_by_phase"] = seconds_list(r.late_wait_us_by_phase);
+  d["transient_peak_by_phase"] = count_list(r.transient_peak_by_phase);
+  d["remap_s_by_phase"] = seconds_list(r.remap_us_by_phase);
+  d["evicted_bytes_by_phase"] = count_list(r.evicted_bytes_by_phase);
+  d["prefetched_bytes_by_phase"] = count_list(r.prefetched_bytes_by_phase);
   if (r.launches_counted) {
     d["hit_rate"] = 1.0 - static_cast<double>(r.launches_missed) / static_cast<double>(r.launches_counted);
   } else {

@@ -84,14 +84,17 @@ constexpr setting_info k_settings[row_count] = {
      "Experimental: when the budget has no room for a new large segment without waiting for the GPU, make it from "
      "the chunks of segments its stream freed, at once, as PyTorch reuses freed memory on a stream (0: reclaim them, "
      "waiting for the GPU to finish with them first)"},
-    {"LAYERSWAP_SPLIT", "8", "0 or 1 (also true/false, on/off, yes/no), or a whole number from 2 to 1024",
+    {"LAYERSWAP_SPLIT", "8/32",
+     "0 or 1 (also true/false, on/off, yes/no), a whole number from 2 to 1024, or two such numbers F/P",
      "When the budget has no room for a new large segment, serve a large allocation from a range of a larger segment "
      "its stream freed, as PyTorch splits cached blocks: at most N times its size with N, 4 times with 1 (0: reclaim "
-     "segments of other sizes and make a new one)"},
-    {"LAYERSWAP_SPLIT_FREE", "12.5%", "a percentage of the budget such as 12.5%, a size such as 512MiB, or none",
+     "segments of other sizes and make a new one); F/P: at most F times while the reserve for activations follows the "
+     "step, P times while it is the step's peak"},
+    {"LAYERSWAP_SPLIT_FREE", "12.5%/25%",
+     "a percentage of the budget such as 12.5%, a size such as 512MiB, or none; or two of them F/P",
      "With LAYERSWAP_SPLIT: the most device memory the free ranges of split segments may hold (room the swapping "
      "policy cannot use) after a split that takes a whole segment; past it the request makes a segment of its own "
-     "(none: no bound)"},
+     "(none: no bound); F/P: F while the reserve for activations follows the step, P while it is the step's peak"},
     {"LAYERSWAP_RECLAIM", "fit", "fit or oldest",
      "Which idle segment a request that finds no room destroys first: fit, the smallest one that covers what it lacks "
      "(else the largest), so that big segments stay for big requests; oldest, the least recently freed"},
@@ -508,8 +511,13 @@ std::string config::describe() const {
   }
   line(row_cache_reserve, cache_reserve_text(*this), "  (default)");
   line(row_composites, composites ? "1" : "0", "  (default)");
-  line(row_split, split == 0 ? "0" : std::to_string(split), "  (default)");
-  line(row_split_free, split_free.to_string(), "  (default)");
+  {
+    const std::string follow = split == 0 ? "0" : std::to_string(split);
+    line(row_split, split == split_peak ? follow : follow + "/" + std::to_string(split_peak), "  (default)");
+    const std::string free = split_free.to_string();
+    line(row_split_free, split_free_peak == split_free ? free : free + "/" + split_free_peak.to_string(),
+         "  (default)");
+  }
   line(row_reclaim, reclaim_fit ? "fit" : "oldest", "  (default)");
   line(row_reserve, reserve_text(*this), "  (default)");
   line(row_program_first, program_first ? "1" : "0", "  (default)");
@@ -614,22 +622,37 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
       reject(name, *reserve, "is none of auto, peak and follow", accepted);
     }
   }
-  if (const auto split = given(row_split)) {
-    const std::string_view text = trim(*split);
-    if (const std::optional<std::uint32_t> n = as_number<std::uint32_t>(text); n && *n >= 2 && *n <= 1024) {
-      result.split = *n;
-    } else if (one_of(text, k_yes_words)) {
-      result.split = 4;
-    } else if (one_of(text, k_no_words)) {
-      result.split = 0;
-    } else {
-      reject(k_settings[row_split].name, *split, "is not 0, 1 or a whole number from 2 to 1024",
+  if (const auto split = given(row_split)) {  // N, or F/P (Note [Splits by reserve] in caching_allocator.cpp)
+    const auto* name = k_settings[row_split].name;
+    const auto ratio = [&](std::string_view part, bool pair) -> std::uint32_t {
+      const std::string_view text = trim(part);
+      if (const std::optional<std::uint32_t> n = as_number<std::uint32_t>(text); n && *n >= 2 && *n <= 1024) return *n;
+      if (one_of(text, k_yes_words)) return 4;
+      if (!pair && one_of(text, k_no_words)) return 0;
+      reject(name, *split,
+             pair ? "has a part that is not 1 or a whole number from 2 to 1024 (0 turns splits off in both: give 0 "
+                    "alone)"
+                  : "is not 0, 1 or a whole number from 2 to 1024",
              k_settings[row_split].accepted);
+    };
+    if (const std::size_t slash = split->find('/'); slash == std::string::npos) {
+      result.split = result.split_peak = ratio(*split, false);
+    } else {
+      result.split = ratio(std::string_view(*split).substr(0, slash), true);
+      result.split_peak = ratio(std::string_view(*split).substr(slash + 1), true);
     }
   }
   if (const auto free = given(row_split_free)) {
-    result.split_free = iequals(trim(*free), "none") ? size_setting{}
-                                                      : parse_size(k_settings[row_split_free].name, *free, true);
+    const auto* name = k_settings[row_split_free].name;
+    const auto bound = [&](std::string_view part) {
+      return iequals(trim(part), "none") ? size_setting{} : parse_size(name, part, true);
+    };
+    if (const std::size_t slash = free->find('/'); slash == std::string::npos) {
+      result.split_free = result.split_free_peak = bound(*free);
+    } else {
+      result.split_free = bound(std::string_view(*free).substr(0, slash));
+      result.split_free_peak = bound(std::string_view(*free).substr(slash + 1));
+    }
   }
 
   if (const auto reserve = given(row_va_reserve)) {

@@ -38,6 +38,7 @@ struct size_setting {
   double value = 0;  // bytes, or percent in (0, 100]
 
   [[nodiscard]] bool is_set() const noexcept { return how != kind::unset; }
+  bool operator==(const size_setting&) const = default;
   // Bytes for a device with `device_total` bytes; 0 when unset.
   [[nodiscard]] std::size_t resolve(std::size_t device_total) const noexcept;
   [[nodiscard]] std::string to_string() const;
@@ -83,11 +84,15 @@ struct config {
   bool composites = false;
   // LAYERSWAP_SPLIT: a large allocation served by a range of a larger segment its stream freed, rather than a new
   // segment (caching_allocator.cpp, Note [Split segments]): 0 = off, else the most times the request's size that
-  // segment may be (8 by default; on = 4).
+  // segment may be (on = 4): `split` while the reserve for activations follows the step, `split_peak` while it is
+  // the step's peak (Note [Splits by reserve]; one number sets both).
   std::uint32_t split = 8;
+  std::uint32_t split_peak = 32;
   // LAYERSWAP_SPLIT_FREE: the most the free ranges of split segments may hold after a split that takes a whole
   // segment (caching_allocator.cpp, Note [Split bound]): a percentage of the budget or a size; unset = no bound.
+  // `split_free` while the reserve follows the step, `split_free_peak` while it is the step's peak.
   size_setting split_free{size_setting::kind::percent, 12.5};
+  size_setting split_free_peak{size_setting::kind::percent, 25};
   // LAYERSWAP_RECLAIM: which idle segment a request without room destroys first (caching_allocator.cpp, Note
   // [Reclaim by fit]): the smallest that covers it (fit, the default) or the least recently freed (oldest).
   bool reclaim_fit = true;

@@ -547,8 +547,8 @@ TEST(Describe, DefaultsAreMarked) {
             "LAYERSWAP_OVERSIZE=1  (default)\n"
             "LAYERSWAP_CACHE_RESERVE=none  (default)\n"
             "LAYERSWAP_COMPOSITES=0  (default)\n"
-            "LAYERSWAP_SPLIT=8  (default)\n"
-            "LAYERSWAP_SPLIT_FREE=12.5%  (default)\n"
+            "LAYERSWAP_SPLIT=8/32  (default)\n"
+            "LAYERSWAP_SPLIT_FREE=12.5%/25%  (default)\n"
             "LAYERSWAP_RECLAIM=fit  (default)\n"
             "LAYERSWAP_RESERVE=auto  (default)\n"
             "LAYERSWAP_PROGRAM_FIRST=1  (default)\n");
@@ -577,8 +577,8 @@ TEST(Describe, GivenValuesAreNormalizedAndUnknownsFollow) {
             "LAYERSWAP_OVERSIZE=1  (default)\n"
             "LAYERSWAP_CACHE_RESERVE=none  (default)\n"
             "LAYERSWAP_COMPOSITES=0  (default)\n"
-            "LAYERSWAP_SPLIT=8  (default)\n"
-            "LAYERSWAP_SPLIT_FREE=12.5%  (default)\n"
+            "LAYERSWAP_SPLIT=8/32  (default)\n"
+            "LAYERSWAP_SPLIT_FREE=12.5%/25%  (default)\n"
             "LAYERSWAP_RECLAIM=fit  (default)\n"
             "LAYERSWAP_RESERVE=auto  (default)\n"
             "LAYERSWAP_PROGRAM_FIRST=1  (default)\n"
@@ -758,6 +758,26 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   EXPECT_NE(parse_config(vars{{"LAYERSWAP_COMPOSITES", "1"}}).describe().find("LAYERSWAP_COMPOSITES=1\n"),
             std::string::npos);
   EXPECT_EQ(parse_config(vars{}).split, 8u);
+  EXPECT_EQ(parse_config(vars{}).split_peak, 32u);  // Note [Splits by reserve]
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT", "16"}}).split_peak, 16u) << "one number sets both";
+  EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT", "off"}}).split_peak, 0u);
+  {
+    const config c = parse_config(vars{{"LAYERSWAP_SPLIT", " 4 / on "}});
+    EXPECT_EQ(c.split, 4u);
+    EXPECT_EQ(c.split_peak, 4u);
+    EXPECT_NE(c.describe().find("LAYERSWAP_SPLIT=4\n"), std::string::npos) << c.describe();
+  }
+  {
+    const config c = parse_config(vars{{"LAYERSWAP_SPLIT", "2/64"}});
+    EXPECT_EQ(c.split, 2u);
+    EXPECT_EQ(c.split_peak, 64u);
+    EXPECT_NE(c.describe().find("LAYERSWAP_SPLIT=2/64\n"), std::string::npos) << c.describe();
+  }
+  for (const char* bad : {"8/0", "0/8", "8/", "/8", "8/32/4", "8/x"}) {
+    const std::string why = config_error_of(vars{{"LAYERSWAP_SPLIT", bad}});
+    EXPECT_NE(why.find("LAYERSWAP_SPLIT"), std::string::npos) << bad << ": " << why;
+    EXPECT_NE(why.find("F/P"), std::string::npos) << bad << ": " << why;
+  }
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT", " on "}}).split, 4u);
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT", "1"}}).split, 4u);
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT", "off"}}).split, 0u);
@@ -772,6 +792,20 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   EXPECT_EQ(parse_config(vars{}).split_free.how, size_setting::kind::percent);
   EXPECT_EQ(parse_config(vars{}).split_free.value, 12.5);
   EXPECT_EQ(parse_config(vars{}).split_free.resolve(std::size_t{8} << 30), std::size_t{1} << 30);
+  EXPECT_EQ(parse_config(vars{}).split_free_peak.resolve(std::size_t{8} << 30), std::size_t{2} << 30);
+  {  // F/P, each part any of the single forms; one value sets both
+    const config c = parse_config(vars{{"LAYERSWAP_SPLIT_FREE", " none / 1GiB "}});
+    EXPECT_FALSE(c.split_free.is_set());
+    EXPECT_EQ(c.split_free_peak.resolve(std::size_t{8} << 30), std::size_t{1} << 30);
+    EXPECT_NE(c.describe().find("LAYERSWAP_SPLIT_FREE=none/1GiB\n"), std::string::npos) << c.describe();
+    const config one = parse_config(vars{{"LAYERSWAP_SPLIT_FREE", "10%"}});
+    EXPECT_EQ(one.split_free_peak, one.split_free);
+    EXPECT_NE(one.describe().find("LAYERSWAP_SPLIT_FREE=10%\n"), std::string::npos) << one.describe();
+  }
+  for (const char* bad : {"12.5%/", "/25%", "12.5%/lots", "1%/2%/3%"}) {
+    const std::string why = config_error_of(vars{{"LAYERSWAP_SPLIT_FREE", bad}});
+    EXPECT_NE(why.find("LAYERSWAP_SPLIT_FREE"), std::string::npos) << bad << ": " << why;
+  }
   EXPECT_FALSE(parse_config(vars{{"LAYERSWAP_SPLIT_FREE", " None "}}).split_free.is_set());
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_SPLIT_FREE", "512MiB"}}).split_free.resolve(std::size_t{8} << 30),
             std::size_t{512} << 20);

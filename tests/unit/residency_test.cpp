@@ -120,6 +120,21 @@ struct split_free_for {
   ~split_free_for() { g_split_free = std::numeric_limits<std::size_t>::max(); }
 };
 
+// ... and allocator_options::split_peak and split_free_peak (Note [Splits by reserve]): as split and split_free in
+// these tests; split_peak_for for one test.
+std::size_t g_split_peak = 0;
+std::optional<std::size_t> g_split_free_peak;
+struct split_peak_for {
+  split_peak_for(std::size_t ratio, std::size_t free) {
+    g_split_peak = ratio;
+    g_split_free_peak = free;
+  }
+  ~split_peak_for() {
+    g_split_peak = 0;
+    g_split_free_peak.reset();
+  }
+};
+
 // ... and residency_options::reserve (Note [Following reserve]): the step's peak unless said; follow_on for one test.
 bool g_follow = false;
 struct follow_on {
@@ -177,6 +192,8 @@ struct harness {
     o.composites = g_composites;
     o.split = g_split ? 4 : 0;
     o.split_free = g_split_free;
+    o.split_peak = g_split_peak;
+    o.split_free_peak = g_split_free_peak;
     o.residency.reserve = g_auto ? reserve_mode::automatic : g_follow ? reserve_mode::follow : reserve_mode::peak;
     if (g_auto) o.residency.reserve_ahead = 8;
     o.residency.batch_digests = g_batch_digests;
@@ -2816,6 +2833,52 @@ TEST(Residency, SplitBoundRefusesSplitsThatLeaveTooMuchFree) {
     h.alloc.deallocate(a);
     for (void* p : {c.w, c.fill}) h.alloc.deallocate(p);
     h.expect_clean();
+  }
+}
+
+// Note [Splits by reserve]: while the reserve is the step's peak, a request with no room splits an idle segment up to
+// split_peak times its size and within split_free_peak; under a following reserve the same request is held to split
+// and split_free (4 times, 2 MiB here) and reclaims the segment to make one of its own.
+TEST(Residency, SplitsReachFurtherWhileTheReserveIsTheStepsPeak) {
+  struct variant {
+    const char* what;
+    std::size_t idle;  // the freed segment's size, the rest of the 16 MiB budget filled
+  };
+  for (const variant v : {variant{"five times the size", 10 * MiB}, variant{"6 MiB left free", 8 * MiB}}) {
+    for (const bool follow : {false, true}) {
+      SCOPED_TRACE(std::string(v.what) + (follow ? ", follow" : ", peak"));
+      split_on on;
+      split_free_for bound(2 * MiB);
+      split_peak_for peak(8, 8 * MiB);
+      follow_on mode(follow);
+      harness h(16 * MiB, /*eager=*/false);
+      auto* big = static_cast<char*>(h.alloc.allocate(v.idle, h.s1));
+      void* fill = h.alloc.allocate(16 * MiB - v.idle, h.s1);
+      h.write(h.s1, big, v.idle, 0x11);
+      h.write(h.s1, fill, 16 * MiB - v.idle, 0x12);
+      h.alloc.deallocate(big);
+      const std::size_t creates = h.sim.num_creates();
+      void* a = h.alloc.allocate(2 * MiB, h.s1);
+      const allocator_stats st = h.alloc.stats();
+      if (follow) {
+        EXPECT_EQ(st.num_splits, 0);
+        EXPECT_EQ(st.num_reclaims, 1) << "the idle segment was not reclaimed for a new one";
+        EXPECT_GT(h.sim.num_creates(), creates);
+      } else {
+        EXPECT_EQ(a, big) << "a range of the idle segment";
+        EXPECT_EQ(st.num_splits, 1);
+        EXPECT_EQ(st.num_reclaims, 0);
+        EXPECT_EQ(h.sim.num_creates(), creates);
+      }
+      h.write(h.s1, a, 2 * MiB, 0x21);
+      h.sim.run_all();
+      EXPECT_TRUE(h.holds(a, 2 * MiB, 0x21));
+      EXPECT_TRUE(h.holds(fill, 16 * MiB - v.idle, 0x12));
+      EXPECT_NO_THROW(h.alloc.verify());
+      h.alloc.deallocate(a);
+      h.alloc.deallocate(fill);
+      h.expect_clean();
+    }
   }
 }
 

@@ -1850,6 +1850,10 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   g_composites = seed % 3 != 0;                       // Note [Composites] on two seeds in three
   g_split = seed % 4 == 1 || seed % 4 == 2;           // Note [Split segments] on half the seeds, both oversizes
   if (g_split && seed % 8 < 4) g_split_free = budget / 4;  // Note [Split bound] on half of those
+  if (g_split && seed % 3 != 1) {  // Note [Splits by reserve]: wider under the peak on two in three of those
+    g_split_peak = 16;
+    if (g_split_free != std::numeric_limits<std::size_t>::max()) g_split_free_peak = budget / 2;
+  }
   g_follow = seed % 5 >= 2;                            // Note [Following reserve] on three seeds in five
   g_auto = seed % 5 == 1;                              // Note [Automatic reserve] on one in five
   struct composites_on {
@@ -1857,6 +1861,8 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
       g_composites = true;
       g_split = false;
       g_split_free = std::numeric_limits<std::size_t>::max();
+      g_split_peak = 0;
+      g_split_free_peak.reset();
       g_follow = false;
       g_auto = false;
     }
@@ -1872,7 +1878,8 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
                " cache reserve " + (cache_auto ? "auto" : "none") + " composites " + std::to_string(g_composites) +
                " split " + std::to_string(g_split) + " split free " +
                (g_split_free == std::numeric_limits<std::size_t>::max() ? "none" : std::to_string(g_split_free >> 20)) +
-               " follow " + std::to_string(g_follow));
+               " split peak " + std::to_string(g_split_peak) + " follow " + std::to_string(g_follow) + " auto " +
+               std::to_string(g_auto));
 
   auto refresh_forecast = [&] {
     if (mode == forecast_mode::absent) return;

@@ -507,7 +507,7 @@ struct caching_allocator::impl final : detail::page_source {
   // segment may be that a request takes a range of (LAYERSWAP_SPLIT).
   [[nodiscard]] bool following_locked() const noexcept { return engine && engine->follows_step_locked(); }
   [[nodiscard]] std::size_t split_ratio_locked() const noexcept {
-    return following_locked() || options.split_peak == 0 ? options.split : options.split_peak;
+    return following_locked() ? options.split : options.split_peak.value_or(options.split);
   }
   std::vector<pending_free> pending;
   std::unordered_map<device_ptr, std::vector<stream_handle>> recorded;

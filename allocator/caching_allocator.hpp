@@ -34,9 +34,9 @@ struct allocator_options {
   bool composites = false;  // LAYERSWAP_COMPOSITES: Note [Composites] in caching_allocator.cpp (residency only)
   // LAYERSWAP_SPLIT: Note [Split segments] in caching_allocator.cpp (residency only): 0 = off, else the most times
   // its size a segment is that a large request takes a range of; while the reserve for activations is the step's
-  // peak, `split_peak` instead when set (Note [Splits by reserve]; 0: as `split`).
+  // peak, `split_peak` instead when set (Note [Splits by reserve]).
   std::size_t split = 0;
-  std::size_t split_peak = 0;
+  std::optional<std::size_t> split_peak;
   // LAYERSWAP_SPLIT_FREE: Note [Split bound] in caching_allocator.cpp: the most bytes split segments' free ranges may
   // hold after a split that takes a whole segment (only under a budget); the maximum = no bound. While the reserve
   // is the step's peak, `split_free_peak` instead when set.

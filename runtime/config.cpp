@@ -13,6 +13,8 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <tuple>
+#include <utility>
 
 #include "runtime/error.hpp"
 #include "runtime/text.hpp"
@@ -257,6 +259,19 @@ constexpr const char* k_no_words[] = {"0", "false", "off", "no"};
 template <std::size_t N>
 bool one_of(std::string_view value, const char* const (&words)[N]) {
   return std::any_of(std::begin(words), std::end(words), [&](const char* w) { return iequals(value, w); });
+}
+
+// A setting with a value per mode of the reserve for activations (Note [Splits by reserve] in
+// caching_allocator.cpp): "V" sets both, "F/P" the one while the reserve follows the step and the one while it is
+// the step's peak. `part(text, pair)` parses one value (`pair`: it is half of "F/P") and rejects a bad one.
+template <class T, class Part>
+std::pair<T, T> by_reserve(std::string_view value, Part&& part) {
+  const std::size_t slash = value.find('/');
+  if (slash == std::string_view::npos) {
+    const T both = part(value, false);
+    return {both, both};
+  }
+  return {part(value.substr(0, slash), true), part(value.substr(slash + 1), true)};
 }
 
 bool parse_bool(std::string_view name, std::string_view value) {
@@ -512,7 +527,7 @@ std::string config::describe() const {
   line(row_cache_reserve, cache_reserve_text(*this), "  (default)");
   line(row_composites, composites ? "1" : "0", "  (default)");
   {
-    const std::string follow = split == 0 ? "0" : std::to_string(split);
+    const std::string follow = std::to_string(split);
     line(row_split, split == split_peak ? follow : follow + "/" + std::to_string(split_peak), "  (default)");
     const std::string free = split_free.to_string();
     line(row_split_free, split_free_peak == split_free ? free : free + "/" + split_free_peak.to_string(),
@@ -622,7 +637,7 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
       reject(name, *reserve, "is none of auto, peak and follow", accepted);
     }
   }
-  if (const auto split = given(row_split)) {  // N, or F/P (Note [Splits by reserve] in caching_allocator.cpp)
+  if (const auto split = given(row_split)) {
     const auto* name = k_settings[row_split].name;
     const auto ratio = [&](std::string_view part, bool pair) -> std::uint32_t {
       const std::string_view text = trim(part);
@@ -635,24 +650,13 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
                   : "is not 0, 1 or a whole number from 2 to 1024",
              k_settings[row_split].accepted);
     };
-    if (const std::size_t slash = split->find('/'); slash == std::string::npos) {
-      result.split = result.split_peak = ratio(*split, false);
-    } else {
-      result.split = ratio(std::string_view(*split).substr(0, slash), true);
-      result.split_peak = ratio(std::string_view(*split).substr(slash + 1), true);
-    }
+    std::tie(result.split, result.split_peak) = by_reserve<std::uint32_t>(*split, ratio);
   }
   if (const auto free = given(row_split_free)) {
-    const auto* name = k_settings[row_split_free].name;
-    const auto bound = [&](std::string_view part) {
-      return iequals(trim(part), "none") ? size_setting{} : parse_size(name, part, true);
+    const auto bound = [&](std::string_view part, bool) {
+      return iequals(trim(part), "none") ? size_setting{} : parse_size(k_settings[row_split_free].name, part, true);
     };
-    if (const std::size_t slash = free->find('/'); slash == std::string::npos) {
-      result.split_free = result.split_free_peak = bound(*free);
-    } else {
-      result.split_free = bound(std::string_view(*free).substr(0, slash));
-      result.split_free_peak = bound(std::string_view(*free).substr(slash + 1));
-    }
+    std::tie(result.split_free, result.split_free_peak) = by_reserve<size_setting>(*free, bound);
   }
 
   if (const auto reserve = given(row_va_reserve)) {

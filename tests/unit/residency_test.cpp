@@ -122,7 +122,7 @@ struct split_free_for {
 
 // ... and allocator_options::split_peak and split_free_peak (Note [Splits by reserve]): as split and split_free in
 // these tests; split_peak_for for one test.
-std::size_t g_split_peak = 0;
+std::optional<std::size_t> g_split_peak;
 std::optional<std::size_t> g_split_free_peak;
 struct split_peak_for {
   split_peak_for(std::size_t ratio, std::size_t free) {
@@ -130,7 +130,7 @@ struct split_peak_for {
     g_split_free_peak = free;
   }
   ~split_peak_for() {
-    g_split_peak = 0;
+    g_split_peak.reset();
     g_split_free_peak.reset();
   }
 };
@@ -1861,7 +1861,7 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
       g_composites = true;
       g_split = false;
       g_split_free = std::numeric_limits<std::size_t>::max();
-      g_split_peak = 0;
+      g_split_peak.reset();
       g_split_free_peak.reset();
       g_follow = false;
       g_auto = false;
@@ -1878,7 +1878,7 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
                " cache reserve " + (cache_auto ? "auto" : "none") + " composites " + std::to_string(g_composites) +
                " split " + std::to_string(g_split) + " split free " +
                (g_split_free == std::numeric_limits<std::size_t>::max() ? "none" : std::to_string(g_split_free >> 20)) +
-               " split peak " + std::to_string(g_split_peak) + " follow " + std::to_string(g_follow) + " auto " +
+               " split peak " + (g_split_peak ? std::to_string(*g_split_peak) : "as split") + " follow " + std::to_string(g_follow) + " auto " +
                std::to_string(g_auto));
 
   auto refresh_forecast = [&] {

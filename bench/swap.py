@@ -718,6 +718,10 @@ def self_test_interleave():
     assert acc["cap_enforced"] is False and acc["error_under_cap"] == "OutOfMemoryError" and acc["within_cap"] is False
     assert acc["losses_bitwise_equal"] is False and bs["losses_bitwise_equal"] is True
     assert c50["peers"] == {} and c50["step_s"] == 0.13 and model["interleave"]["overlapping_turns"] == 0
+    # Per place in the block: the step after each pause (left out of the figures), then the next.
+    assert c25["interleave"]["block_position_s"] == [0.01, 0.13], c25["interleave"]
+    assert model["interleave"]["resident_block_position_s"] == [5.0, 0.10], model["interleave"]
+    assert bs["interleave"]["block_position_s"] == [1, 0.26], bs["interleave"]
     assert "paired per cycle" in text.getvalue() and "interleaved: 3 cycles" in text.getvalue()
     v = c25["variants"]["old"]
     assert v["step_s"] == 0.24 and v["losses_bitwise_equal"] is True and v["env"]["PYTHONPATH"] == "/old", v
@@ -1921,6 +1925,7 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
         pool(resident_pool, "resident")
         model["interleave"]["resident_processes"] = resident_pool["processes"]
         resident_step = resident_pool["step_s"]
+    model["interleave"]["resident_block_position_s"] = block_positions(processes("resident"))
     for c, f, _ in cases:
         ls = got.get(("layerswap", f))
         if ls is not None:
@@ -1929,6 +1934,7 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
             c["phase_s"] = pooled_phases(processes(("layerswap", f)))
             c["resident_phase_s"] = pooled_phases(processes("resident"))
             c["interleave"] = paired_ratios(blocks(("layerswap", f)), resident_blocks)
+            c["interleave"]["block_position_s"] = block_positions(processes(("layerswap", f)))
         for name, env in args.variant:
             key = ("variant", name, f)
             if got.get(key) is None:
@@ -1939,6 +1945,7 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
             pool(v, key)
             v["phase_s"] = pooled_phases(processes(key))
             v["interleave"] = paired_ratios(blocks(key), resident_blocks)
+            v["interleave"]["block_position_s"] = block_positions(processes(key))
             # Per cycle, the variant's block against the default layerswap side's: > 1, the variant is slower.
             v["against_layerswap"] = paired_ratios(blocks(key), blocks(("layerswap", f)))
             c.setdefault("variants", {})[name] = v
@@ -1954,6 +1961,7 @@ def interleave_case(runner, args, res, case, model, run_cfg, resident, cases, si
             pool(p, (peer, f))
             p["phase_s"] = pooled_phases(processes((peer, f)))
             p["interleave"] = paired_ratios(blocks((peer, f)), resident_blocks)
+            p["interleave"]["block_position_s"] = block_positions(processes((peer, f)))
             if ls is not None:
                 p["interleave"]["layerswap_speedup"] = paired_ratios(blocks((peer, f)), blocks(("layerswap", f)))
             c["peers"][peer] = p
@@ -2015,6 +2023,20 @@ def block_medians(r):
     """Per block of an interleaved run: the median of its steps after the first (the first follows a pause)."""
     blocks = (((r or {}).get("train") or {}).get("lockstep") or {}).get("blocks") or []
     return [statistics.median(b[1:]) if len(b) > 1 else None for b in blocks]
+
+
+def block_positions(records):
+    """Per place in an interleaved block (0: the step after a pause, which the figures leave out), the median of
+    that step's time over every block of every process in `records`: whether a side takes more than one step to
+    settle after a pause, which the block medians would then carry (None where no block reached that place)."""
+    by_place = []
+    for r in records:
+        for b in (((r or {}).get("train") or {}).get("lockstep") or {}).get("blocks") or []:
+            for j, t in enumerate(b):
+                if j == len(by_place):
+                    by_place.append([])
+                by_place[j].append(t)
+    return [statistics.median(ts) if ts else None for ts in by_place]
 
 
 def pooled_blocks(per_process):

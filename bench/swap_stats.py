@@ -126,6 +126,10 @@ def main(argv=None):
         res["cases"][0]["evicted_bytes_by_phase.1_per_step"] = 2.5e8
         (p,) = phase_rows(res)
         assert p["figure"] == "evicted MB" and p["1"] == "250" and p["0"] == "-", p
+        res["models"] = {"m": {"interleave": {"resident_block_position_s": [0.2, 0.1, 0.1]}}}
+        res["cases"][0]["interleave"] = {"block_position_s": [0.3, 0.15, None]}
+        assert place_rows(res) == [{"case": "m resident", "0": "200.0", "1": "100.0", "2": "100.0"},
+                                   {"case": "m 0.25", "0": "300.0", "1": "150.0", "2": "-"}], place_rows(res)
         print("swap_stats self-test: ok")
         return 0
     if a.relation:
@@ -183,6 +187,16 @@ def main(argv=None):
         print("per timed step, by the eighth of the learned step (0: the forward pass's start): bytes evicted and "
               "prefetched (by where the move ended), the migration thread's remap time, and launches' waits for late "
               "prefetches")
+    places = place_rows(res)
+    if places:
+        print()
+        width = max(len(r) - 1 for r in places)
+        for r in places:
+            r.update({str(i): "-" for i in range(width) if str(i) not in r})
+        print_table(places, ["case"] + [str(i) for i in range(width)])
+        print("ms per step by its place in an interleaved block, the median over blocks and processes (0: the step "
+              "after a pause, left out of the step figures): a side whose place 1 is slower than its later places "
+              "takes more than one step to settle after a pause")
     return 0
 
 
@@ -205,6 +219,25 @@ def phase_rows(res):
             for i, v in enumerate(vals):
                 row[str(i)] = fmt.format(v * scale) if isinstance(v, (int, float)) else "-"
             out.append(row)
+    return out
+
+
+def place_rows(res):
+    """An interleaved run's step by its place in the block (bench/swap.py's block_position_s; place 0 follows a
+    pause and is left out of the figures), in ms: each model's resident side, then each case's layerswap side, its
+    variants and its peers. Empty for a run that did not interleave."""
+    out = []
+
+    def row(label, places):
+        if places:
+            out.append({"case": label, **{str(i): "-" if t is None else f"{t * 1e3:.1f}" for i, t in enumerate(places)}})
+
+    for name, m in (res.get("models") or {}).items():
+        row(f"{name} resident", (m.get("interleave") or {}).get("resident_block_position_s"))
+    for label, c in sides(res):
+        row(label, (c.get("interleave") or {}).get("block_position_s"))
+        for peer, p in (c.get("peers") or {}).items():
+            row(f"{label} {peer}", (p.get("interleave") or {}).get("block_position_s"))
     return out
 
 

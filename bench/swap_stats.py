@@ -14,6 +14,7 @@ side of MODEL (variants included):
 import argparse
 import json
 import pathlib
+import signal
 import statistics
 import sys
 
@@ -291,4 +292,5 @@ def thread_rows(res, top=6):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the tables quietly, as other tools' output does
     sys.exit(main())

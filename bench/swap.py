@@ -2019,10 +2019,14 @@ def interleave_memory_error(fit, k):
             f"({INTERLEAVE_MEMORY_SLACK:.0%} of the device); {fix}")
 
 
+def lockstep_blocks(r):
+    """The step times of each block of an interleaved process's run `r` (lockstep_medians); [] for none."""
+    return (((r or {}).get("train") or {}).get("lockstep") or {}).get("blocks") or []
+
+
 def block_medians(r):
     """Per block of an interleaved run: the median of its steps after the first (the first follows a pause)."""
-    blocks = (((r or {}).get("train") or {}).get("lockstep") or {}).get("blocks") or []
-    return [statistics.median(b[1:]) if len(b) > 1 else None for b in blocks]
+    return [statistics.median(b[1:]) if len(b) > 1 else None for b in lockstep_blocks(r)]
 
 
 def block_positions(records):
@@ -2031,7 +2035,7 @@ def block_positions(records):
     settle after a pause, which the block medians would then carry (None where no block reached that place)."""
     by_place = []
     for r in records:
-        for b in (((r or {}).get("train") or {}).get("lockstep") or {}).get("blocks") or []:
+        for b in lockstep_blocks(r):
             for j, t in enumerate(b):
                 if j == len(by_place):
                     by_place.append([])

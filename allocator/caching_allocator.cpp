@@ -497,8 +497,7 @@ struct caching_allocator::impl final : detail::page_source {
   std::size_t split_free_pages = 0;
   [[nodiscard]] std::size_t split_whole_most_locked(std::size_t npages) const noexcept {
     constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
-    const std::size_t bound =
-        following_locked() ? options.split_free : options.split_free_peak.value_or(options.split_free);
+    const std::size_t bound = by_reserve_locked(options.split_free, options.split_free_peak);
     if (options.budget == 0 || bound == none) return none;
     const std::size_t cap = bound >> gran_shift;
     return split_free_pages > cap ? 0 : npages + (cap - split_free_pages);
@@ -506,8 +505,14 @@ struct caching_allocator::impl final : detail::page_source {
   // Note [Splits by reserve]: whether the reserve for activations follows the step, and the most times its size a
   // segment may be that a request takes a range of (LAYERSWAP_SPLIT).
   [[nodiscard]] bool following_locked() const noexcept { return engine && engine->follows_step_locked(); }
+  // A setting given as "F/P": `follow` while the reserve follows the step, else `peak` where set (Notes [Splits by
+  // reserve], [Split bound]).
+  [[nodiscard]] std::size_t by_reserve_locked(std::size_t follow,
+                                              const std::optional<std::size_t>& peak) const noexcept {
+    return following_locked() ? follow : peak.value_or(follow);
+  }
   [[nodiscard]] std::size_t split_ratio_locked() const noexcept {
-    return following_locked() ? options.split : options.split_peak.value_or(options.split);
+    return by_reserve_locked(options.split, options.split_peak);
   }
   std::vector<pending_free> pending;
   std::unordered_map<device_ptr, std::vector<stream_handle>> recorded;

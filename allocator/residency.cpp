@@ -294,16 +294,17 @@
 //   which shows where in the step the forward and backward passes lie.
 //
 // Note [Host reads]
-//   A DEV A/B switch (LSDEV_HOST_READ=1, residency_options::host_read), not a setting yet. Optimizer state is used in
-//   one burst a step (the optimizer's few launches per parameter) and written there, so each round trip copies it in
-//   and back, and maps its host copy at every eviction: in full fine-tuning at 25% the optimizer phase took 0.28 s
-//   against 0.025 resident, the migration thread spending 0.36 s a step in VMM calls (session 50). Its launches could
-//   read and write it where it is instead, through the host mapping every evicted region keeps (DESIGN.md invariant
-//   3): the same bytes over the link, no copy, no remap, and its room left to the weights and gradients. With the
-//   switch on, a forecast region that the learner saw used in one burst a step (forecast_entry::bursts) and that two
-//   checks in a row found dirty (swap_region::trained; a clean check clears it) is never wanted: the policy does
-//   not prefetch it, and evicts it when its room is needed, as any unwanted region. Frozen weights are never
-//   trained; weights and gradients are used in more than one burst.
+//   A DEV A/B switch (LSDEV_HOST_READ=1, residency_options::host_read), not a setting. Optimizer state is written
+//   every step, so each round trip copies it in and back and maps its host copy at every eviction: in full
+//   fine-tuning at 25% the optimizer phase took 0.28 s against 0.025 resident, the migration thread spending 0.36 s a
+//   step in VMM calls (session 50). Where one launch a step reads and writes such a region (a fused optimizer), it
+//   could do so where the region is, through the host mapping every evicted region keeps (DESIGN.md invariant 3):
+//   the same bytes over the link, no copy, no remap, and its room left to the weights and gradients. With the switch
+//   on, a forecast region that one launch a step uses (forecast_entry::launches) and that two checks in a row found
+//   dirty (swap_region::trained; a clean check clears it) is never wanted: the policy does not prefetch it, and evicts
+//   it when its room is needed, as any unwanted region. Frozen weights are never trained; weights and gradients are
+//   used by several launches. Session 51's first form (one burst of launches a step) let AdamW(foreach=False)'s
+//   eight kernels per parameter read the state over the link two or three times each: not faster.
 #include "allocator/residency.hpp"
 
 #include <algorithm>
@@ -1830,7 +1831,7 @@ struct residency_engine::impl {
       auto add = [&](std::size_t k) {
         swap_region* r = forecast_regions[k];
         if (!r || !r->live || r->wanted_round == round) return;
-        if (options.host_read && r->trained && f.upcoming[k].bursts == 1) return;  // Note [Host reads]
+        if (options.host_read && r->trained && f.upcoming[k].launches == 1) return;  // Note [Host reads]
         if (std::find(run.begin(), run.end(), r) == run.end()) run.push_back(r);
       };
       add(i);

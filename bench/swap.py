@@ -1653,7 +1653,7 @@ def run_all(args, save=lambda res: None, runner_class=None):
                        "warmup": args.warmup, "batch": args.batch, "seq": args.seq, "seed": args.seed,
                        "unet_batch": args.unet_batch, "unet_resolution": args.unet_resolution,
                        "llama": args.llama_size, "pin_threads": pin, "pin_cores": args.pin_cores,
-                       "keep_cublas_config": args.keep_cublas_config}
+                       "keep_cublas_config": args.keep_cublas_config, "adamw": args.adamw}
             resident = runner.run("resident", run_cfg, tag=f"{case} resident")
             res.setdefault("torch", resident.get("torch"))
             if res["device"] == args.device and resident.get("device"):
@@ -2440,6 +2440,8 @@ def parse_args(argv=None):
     p.add_argument("--unet-batch", type=int, default=0, help="UNet batch (default: the model size's, 8)")
     p.add_argument("--unet-resolution", type=int, default=0, help="UNet resolution (default: the size's, 64)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--adamw", choices=("single", "foreach", "fused"), default="single",
+                   help="the AdamW of llama-full and unet: single (foreach=False, the default), foreach or fused")
     p.add_argument("--pin-threads", action="store_true",
                    help="before the timed steps, give the Python thread, PyTorch's autograd thread and layerswap's "
                         "threads a core each and the other threads the rest, in every side (less noise between "

@@ -96,6 +96,20 @@ QUICK_LLAMA = LlamaSize(hidden=64, layers=4, intermediate=176, heads=4, kv_heads
 QUICK_UNET = UNetSize(in_channels=3, channels=(16, 32), blocks_per_level=1, groups=4, resolution=16, batch=2)
 
 
+# AdamW's implementations for the cases that train every parameter (llama-full, unet): the keyword each passes, and
+# how it is described. "single" (foreach=False) is the default: one parameter's temporaries at a time.
+ADAMW_FORMS = {"single": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+
+
+def full_adamw(params, cfg, betas):
+    """AdamW over `params` in the form `cfg.adamw` names (ADAMW_FORMS), and its description."""
+    if cfg.adamw not in ADAMW_FORMS:
+        raise ValueError(f"unknown AdamW form {cfg.adamw!r}; the forms are {', '.join(ADAMW_FORMS)}")
+    kw = ADAMW_FORMS[cfg.adamw]
+    text = ", ".join(f"{k}={v}" for k, v in kw.items())
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=betas, weight_decay=0.01, **kw), text
+
+
 @dataclass
 class RunConfig:
     """What one worker trains. The same for every side of a case, except `side` and its options."""
@@ -114,6 +128,7 @@ class RunConfig:
     pin_threads: bool = False  # pin the busy threads to cores of their own before the timed steps (pin_threads())
     pin_cores: str = ""        # their cores, comma-separated in PINNED_THREADS' order ("": pin_threads() picks)
     keep_cublas_config: bool = False  # keep CUBLAS_WORKSPACE_CONFIG set after the first step (drop_cublas_config())
+    adamw: str = "single"  # the full-training cases' AdamW: one tensor at a time, foreach or fused (ADAMW_FORMS)
 
     def llama_size(self):
         if self.quick:
@@ -350,23 +365,25 @@ def build_case(cfg):
         lora = cfg.case == "llama-lora"
         model = build_llama(size, cfg.seq, device, cfg.seed, lora)
         trainable = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0 if lora else 0.01,
-                                foreach=lora)
+        if lora:
+            opt = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0, foreach=True)
+        else:
+            opt, adamw = full_adamw(trainable, cfg, (0.9, 0.95))
         batches = sample.make_batches(size.vocab, cfg.batch, cfg.seq, cfg.steps, cfg.seed)
         describe = {"arch": "LlamaForCausalLM (transformers, sdpa)", "size": "quick" if cfg.quick else cfg.llama,
                     **asdict(size), "batch": cfg.batch,
                     "seq": cfg.seq, "dtype": "bfloat16",
                     "training": ("LoRA r=%d on q,k,v,o (peft; adapters fp32), AdamW foreach" % size.lora_r) if lora
-                    else "full fine-tune, AdamW (foreach=False, state bf16 like the parameters)"}
+                    else f"full fine-tune, AdamW ({adamw}, state bf16 like the parameters)"}
         return Built(model, opt, batches, llama_loss, llama_groups(model), llama_blocks(model), describe,
                      uses_sdpa=True)
     if cfg.case == "unet":
         size = cfg.unet_size()
         model = build_unet(size, device, cfg.seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.01, foreach=False)
+        opt, adamw = full_adamw(model.parameters(), cfg, (0.9, 0.99))
         batches = make_image_batches(size, cfg.steps, cfg.seed)
         describe = {"arch": "UNet (Conv2d+GroupNorm+SiLU ResBlocks, skip concatenation)", **asdict(size),
-                    "dtype": "bfloat16", "training": "full, AdamW (foreach=False, state bf16), MSE on random targets"}
+                    "dtype": "bfloat16", "training": f"full, AdamW ({adamw}, state bf16), MSE on random targets"}
         return Built(model, opt, batches, unet_loss, unet_groups(model), [], describe)
     raise ValueError(f"unknown case {cfg.case!r}; the cases are {', '.join(CASES)}")
 

@@ -207,12 +207,12 @@ TEST(Learner, ForecastOrderAndDistancesAtSeveralPositions) {
       ASSERT_TRUE(expected.count(e.region)) << "region " << e.region;
       EXPECT_EQ(e.distance, expected.at(e.region)) << "region " << e.region << " at position " << x;
       EXPECT_EQ(e.group, l.group_of(e.region));
-      // Separate uses a step: the optimizer state once; a weight in the forward pass, the backward pass and the
-      // optimizer (layer 0's last backward use and its optimizer use may fall within a burst of each other).
+      // Launches a step: the optimizer state's one; a weight's in the forward pass, the backward pass and the
+      // optimizer.
       if (e.region >= m.m(0, 0) && e.region < m.ws()) {
-        EXPECT_EQ(e.bursts, 1u) << "state region " << e.region;
+        EXPECT_EQ(e.launches, 1u) << "state region " << e.region;
       } else if (e.region < m.m(0, 0)) {
-        EXPECT_GE(e.bursts, 2u) << "weight " << e.region;
+        EXPECT_EQ(e.launches, 3u) << "weight " << e.region;
       }
       if (k > 0) {
         EXPECT_GE(e.distance, fc.upcoming[k - 1].distance);

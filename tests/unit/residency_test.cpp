@@ -42,10 +42,10 @@ class fixed_forecast final : public forecast_source {
     f_.upcoming.clear();
     for (std::size_t i = 0; i < order.size(); ++i) f_.upcoming.push_back({order[i], 0, i + 1});
   }
-  // Each region's separate uses in a step, as the learner counts them (forecast_entry::bursts).
-  void set_bursts(std::uint16_t bursts) {
+  // The launches that use each region in a step, as the learner counts them (forecast_entry::launches).
+  void set_launches(std::uint16_t launches) {
     std::lock_guard lock(mutex_);
-    for (forecast_entry& e : f_.upcoming) e.bursts = bursts;
+    for (forecast_entry& e : f_.upcoming) e.launches = launches;
   }
   // The learner's position within its learned step, of 1000 launches unless said (Note [Following reserve]).
   void set_position(std::uint64_t step_position, std::uint64_t step_launches = 1000) {
@@ -562,12 +562,12 @@ TEST(Residency, OftenDirtyRegionIsCopiedWithoutACheck) {
   h.expect_clean();
 }
 
-// Note [Host reads]: a region written at every use (two dirty checks in a row) that the step uses in one burst stays
-// on the host when the policy could bring it in; the launches write it there and nothing is lost. One used in two
-// bursts, or the switch off, is prefetched as before.
+// Note [Host reads]: a region written at every use (two dirty checks in a row) that one launch a step uses stays
+// on the host when the policy could bring it in; the launches write it there and nothing is lost. One used by two
+// launches, or the switch off, is prefetched as before.
 TEST(Residency, TrainedRegionUsedOnceAStepStaysOnTheHost) {
-  for (const auto& [on, bursts] : {std::pair{true, 1}, std::pair{true, 2}, std::pair{false, 1}}) {
-    SCOPED_TRACE(std::string(on ? "host reads" : "switch off") + ", bursts " + std::to_string(bursts));
+  for (const auto& [on, launches] : {std::pair{true, 1}, std::pair{true, 2}, std::pair{false, 1}}) {
+    SCOPED_TRACE(std::string(on ? "host reads" : "switch off") + ", launches " + std::to_string(launches));
     host_read_for mode(on);
     fixed_forecast f;
     harness h(64 * MiB);
@@ -580,9 +580,9 @@ TEST(Residency, TrainedRegionUsedOnceAStepStaysOnTheHost) {
       h.go_out(a);
     }
     f.set({harness::id_of(a)});
-    f.set_bursts(static_cast<std::uint16_t>(bursts));
+    f.set_launches(static_cast<std::uint16_t>(launches));
     for (int t = 0; t < 3; ++t) h.alloc.residency_tick();
-    const bool stays = on && bursts == 1;
+    const bool stays = on && launches == 1;
     EXPECT_EQ(h.alloc.residency_of(a), stays ? region_residency::host : region_residency::device);
     h.write(h.s1, a, 2 * MiB, ++v);  // on the host: through its host mapping
     EXPECT_TRUE(h.holds(a, 2 * MiB, v));

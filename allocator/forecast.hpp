@@ -19,7 +19,6 @@ struct forecast_entry {
   region_id region = 0;
   std::uint32_t group = 0;        // 0 = no group
   std::uint64_t distance = 0;     // launches from the learner's position to the region's next use
-  std::uint16_t launches = 0;     // launches that use it in a step; 0: unknown
 };
 
 struct forecast {

@@ -8,7 +8,6 @@
 #include <limits>
 #include <mutex>
 #include <optional>
-#include <string_view>
 
 #include "runtime/cuda_driver.hpp"
 #include "runtime/driver_calls.hpp"
@@ -123,7 +122,6 @@ caching_allocator& allocator_for(int device) {
   opts.residency.cache_reserve = cfg.cache_reserve;
   opts.residency.reserve = cfg.reserve;
   opts.residency.reserve_ahead = cfg.reserve_ahead;
-  if (const char* dev = std::getenv("LSDEV_HOST_READ")) opts.residency.host_read = std::string_view(dev) == "1";  // DEV
   auto* alloc = new caching_allocator(*port, opts);
   if (forecast_source* f = s.forecast.load(std::memory_order_acquire)) alloc->set_forecast_source(f);
   LAYERSWAP_LOG(info, "device %d: allocator ready (budget %s of %s)", device,

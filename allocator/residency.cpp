@@ -292,19 +292,6 @@
 //   before the wait the prefetch was begun. The waits are also summed by the eighth of the learned step the
 //   policy's last forecast was in, beside the peak of the transient bytes (Note [Policy]) seen in each eighth,
 //   which shows where in the step the forward and backward passes lie.
-//
-// Note [Host reads]
-//   A DEV A/B switch (LSDEV_HOST_READ=1, residency_options::host_read), not a setting. Optimizer state is written
-//   every step, so each round trip copies it in and back and maps its host copy at every eviction: in full
-//   fine-tuning at 25% the optimizer phase took 0.28 s against 0.025 resident, the migration thread spending 0.36 s a
-//   step in VMM calls (session 50). Where one launch a step reads and writes such a region (a fused optimizer), it
-//   could do so where the region is, through the host mapping every evicted region keeps (DESIGN.md invariant 3):
-//   the same bytes over the link, no copy, no remap, and its room left to the weights and gradients. With the switch
-//   on, a forecast region that one launch a step uses (forecast_entry::launches) and that two checks in a row found
-//   dirty (swap_region::trained; a clean check clears it) is never wanted: the policy does not prefetch it, and evicts
-//   it when its room is needed, as any unwanted region. Frozen weights are never trained; weights and gradients are
-//   used by several launches. Session 51's first form (one burst of launches a step) let AdamW(foreach=False)'s
-//   eight kernels per parameter read the state over the link two or three times each: not faster.
 #include "allocator/residency.hpp"
 
 #include <algorithm>
@@ -416,7 +403,6 @@ struct alignas(64) swap_region {
   digest128 digest;                     // the digest of its host copy, when digest_known
   bool digest_known = false;
   std::uint8_t dirty_checks = 0;        // consecutive checks that found it dirty
-  bool trained = false;                 // two checks in a row found it dirty, none clean since (Note [Host reads])
   std::uint8_t unchecked = 0;           // evictions left that copy without a check
 };
 
@@ -1026,12 +1012,10 @@ struct residency_engine::impl {
     if (digest128{m.words[0], m.words[1]} == r.digest) {
       m.clean = true;
       r.dirty_checks = 0;
-      r.trained = false;
       return true;
     }
     if (++r.dirty_checks >= 2) {
       r.dirty_checks = 0;
-      r.trained = true;
       r.unchecked = k_unchecked_evictions;
     }
     r.digest_known = false;  // the copy overwrites the host copy
@@ -1831,7 +1815,6 @@ struct residency_engine::impl {
       auto add = [&](std::size_t k) {
         swap_region* r = forecast_regions[k];
         if (!r || !r->live || r->wanted_round == round) return;
-        if (options.host_read && r->trained && f.upcoming[k].launches == 1) return;  // Note [Host reads]
         if (std::find(run.begin(), run.end(), r) == run.end()) run.push_back(r);
       };
       add(i);

@@ -63,9 +63,6 @@ struct residency_options {
   // reserve]).
   reserve_mode reserve = reserve_mode::peak;
   std::uint32_t reserve_ahead = 4;
-  // DEV A/B switch LSDEV_HOST_READ (residency.cpp, Note [Host reads]): a region written every step and used in one
-  // burst a step is left on the host, its launches reading and writing it there.
-  bool host_read = false;
   std::chrono::microseconds period{200};            // migration thread period
   // How long an idle migration thread sleeps (residency.cpp, Note [Idle engine]); at most `period`: never idle.
   std::chrono::microseconds idle_period{20000};

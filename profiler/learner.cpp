@@ -69,7 +69,6 @@ struct learner::step_template {
   std::vector<std::uint64_t> hash;    // per position: hash of the recurring regions used there
   std::vector<region_id> regions;     // dense index -> region
   std::vector<std::uint32_t> group;   // dense index -> group id
-  std::vector<std::uint16_t> launches;  // dense index -> launches that use it in a step
   std::vector<std::pair<std::uint32_t, std::uint32_t>> uses;  // (position, dense index), by position
   std::vector<region_id> order;       // regions by first use
   std::unordered_map<region_id, std::uint32_t> index;
@@ -424,10 +423,6 @@ void learner::learn(std::uint64_t index, std::uint64_t period) {
   }
   t->group.resize(n);
   for (std::uint32_t d = 0; d < n; ++d) t->group[d] = group_id[group[d]];
-  t->launches.assign(n, 0);
-  for (const auto& use : t->uses) {
-    if (t->launches[use.second] != UINT16_MAX) ++t->launches[use.second];
-  }
   t->groups = groups;
   t->order.reserve(n);
   for (const std::uint32_t d : by_first) t->order.push_back(t->regions[d]);
@@ -569,7 +564,7 @@ void learner::current(forecast& out, std::size_t max_regions) {
     if (seen[d] == stamp) continue;
     seen[d] = stamp;
     const std::uint64_t distance = x > position ? x - position : x + t->period - position;
-    out.upcoming.push_back(forecast_entry{t->regions[d], t->group[d], distance, t->launches[d]});
+    out.upcoming.push_back(forecast_entry{t->regions[d], t->group[d], distance});
   }
 }
 

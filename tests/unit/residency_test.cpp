@@ -42,11 +42,6 @@ class fixed_forecast final : public forecast_source {
     f_.upcoming.clear();
     for (std::size_t i = 0; i < order.size(); ++i) f_.upcoming.push_back({order[i], 0, i + 1});
   }
-  // The launches that use each region in a step, as the learner counts them (forecast_entry::launches).
-  void set_launches(std::uint16_t launches) {
-    std::lock_guard lock(mutex_);
-    for (forecast_entry& e : f_.upcoming) e.launches = launches;
-  }
   // The learner's position within its learned step, of 1000 launches unless said (Note [Following reserve]).
   void set_position(std::uint64_t step_position, std::uint64_t step_launches = 1000) {
     std::lock_guard lock(mutex_);
@@ -162,13 +157,6 @@ struct batch_digests_for {
   ~batch_digests_for() { g_batch_digests = true; }
 };
 
-// ... and residency_options::host_read (Note [Host reads]): off, as by default; host_read_for for one test.
-bool g_host_read = false;
-struct host_read_for {
-  explicit host_read_for(bool on) { g_host_read = on; }
-  ~host_read_for() { g_host_read = false; }
-};
-
 struct harness {
   explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true,
                    bool skip_clean = true, bool sim_digests = true, double oversize = 1.0, bool cache_auto = false)
@@ -209,7 +197,6 @@ struct harness {
     o.residency.reserve = g_auto ? reserve_mode::automatic : g_follow ? reserve_mode::follow : reserve_mode::peak;
     if (g_auto) o.residency.reserve_ahead = 8;
     o.residency.batch_digests = g_batch_digests;
-    o.residency.host_read = g_host_read;
     return o;
   }
 
@@ -560,36 +547,6 @@ TEST(Residency, OftenDirtyRegionIsCopiedWithoutACheck) {
   EXPECT_EQ(st.bytes_d2h, static_cast<std::int64_t>(5 * 2 * MiB));
   h.alloc.deallocate(a);
   h.expect_clean();
-}
-
-// Note [Host reads]: a region written at every use (two dirty checks in a row) that one launch a step uses stays
-// on the host when the policy could bring it in; the launches write it there and nothing is lost. One used by two
-// launches, or the switch off, is prefetched as before.
-TEST(Residency, TrainedRegionUsedOnceAStepStaysOnTheHost) {
-  for (const auto& [on, launches] : {std::pair{true, 1}, std::pair{true, 2}, std::pair{false, 1}}) {
-    SCOPED_TRACE(std::string(on ? "host reads" : "switch off") + ", launches " + std::to_string(launches));
-    host_read_for mode(on);
-    fixed_forecast f;
-    harness h(64 * MiB);
-    h.alloc.set_forecast_source(&f);
-    void* a = h.evicted(2 * MiB, 1);
-    std::uint8_t v = 1;
-    for (int round = 0; round < 3; ++round) {  // the first eviction copies unchecked; then two dirty checks
-      h.come_back(a);
-      h.write(h.s1, a, 2 * MiB, ++v);
-      h.go_out(a);
-    }
-    f.set({harness::id_of(a)});
-    f.set_launches(static_cast<std::uint16_t>(launches));
-    for (int t = 0; t < 3; ++t) h.alloc.residency_tick();
-    const bool stays = on && launches == 1;
-    EXPECT_EQ(h.alloc.residency_of(a), stays ? region_residency::host : region_residency::device);
-    h.write(h.s1, a, 2 * MiB, ++v);  // on the host: through its host mapping
-    EXPECT_TRUE(h.holds(a, 2 * MiB, v));
-    EXPECT_EQ(first_violation(h.sim), "");
-    h.alloc.deallocate(a);
-    h.expect_clean();
-  }
 }
 
 // A simulated device whose copy_async throws while `fail_copies` is positive (a driver call failing mid-move).

@@ -34,6 +34,8 @@ timeout) records its error text in the case; no figure is ever made up. Results 
         --variant off:LAYERSWAP_PROGRAM_FIRST=0          # an A/B in one run: the layerswap side again with more
                                                          # environment (a setting, or PYTHONPATH=<another install>),
                                                          # per cycle against the default side ('variants')
+    python3 bench/swap.py --cases llama-full:0.25 --adamw fused  # the full-training cases with another AdamW
+                                                         # (single: foreach=False, the default; foreach; fused)
     python3 bench/swap.py --quick                        # tiny models: a smoke test of the whole harness
     python3 bench/swap.py --quick --device cpu           # the harness logic on a CPU (layerswap and H2D skipped;
                                                          # the peers run as logic checks, without streams)

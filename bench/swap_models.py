@@ -11,7 +11,8 @@ Three cases, each built from a config with random weights, in bf16, from fixed s
               parameters (what torch.optim.AdamW keeps for bf16 parameters): 2 x 2 bytes per parameter, so a
               1.1 B model holds 2.2 GB of weights, 2.2 GB of gradients and 4.4 GB of state. AdamW(foreach=False):
               the update walks the parameters one at a time (as DeepSpeed/OneTrainer-style offloaders do), so the
-              step needs one parameter's temporaries, not a full copy of the model's (foreach would).
+              step needs one parameter's temporaries, not a full copy of the model's (foreach would). The
+              benchmark's --adamw picks foreach or fused instead, for this case and the UNet (ADAMW_FORMS).
   unet        a UNet-style convolutional net written here (Conv2d + GroupNorm + SiLU residual blocks, strided-conv
               downsampling, nearest upsampling, skip connections concatenated on the way up), ~300 M parameters,
               trained fully with AdamW(foreach=False) on random latents and targets (MSE).

@@ -894,6 +894,36 @@ def self_test_report():
     return 7
 
 
+# --adamw's forms: the keys of swap_models.ADAMW_FORMS (checked by self_test_adamw; swap_models imports torch, so the
+# parser does not import it).
+ADAMW_CHOICES = ("single", "foreach", "fused")
+
+
+def self_test_adamw():
+    """--adamw: each form builds the AdamW it names, an unknown one is refused with the accepted forms."""
+    import torch
+    sys.path.insert(0, str(HERE))
+    import swap_models as sm
+    assert set(ADAMW_CHOICES) == set(sm.ADAMW_FORMS), (ADAMW_CHOICES, sorted(sm.ADAMW_FORMS))
+    checks = 1
+    for form, kw in sm.ADAMW_FORMS.items():
+        param = torch.nn.Parameter(torch.ones(4))
+        opt, text = sm.full_adamw([param], sm.RunConfig(case="llama-full", device="cpu", adamw=form), (0.9, 0.99))
+        for key, value in kw.items():
+            assert opt.defaults[key] is value, (form, key, opt.defaults[key])
+            assert f"{key}={value}" in text, (form, text)
+        param.grad = torch.full((4,), 0.5)
+        opt.step()
+        assert torch.all(param < 1), (form, param)  # the step moved the parameter against its gradient
+        checks += 1
+    try:
+        sm.full_adamw([torch.nn.Parameter(torch.ones(1))], sm.RunConfig(case="unet", adamw="sgd"), (0.9, 0.99))
+        raise AssertionError("an unknown AdamW form was accepted")
+    except ValueError as e:
+        assert "'sgd'" in str(e) and "single, foreach, fused" in str(e), e
+    return checks + 1
+
+
 def self_test():
     passed = failed = 0
     for name, fn in (("bound and budget", self_test_bound), ("parent (fake workers)", self_test_parent),
@@ -902,7 +932,7 @@ def self_test():
                      ("processes per side (fake workers)", self_test_processes),
                      ("device memory of an interleaved run (fake workers)", self_test_memory),
                      ("merge", self_test_merge), ("bandwidth", self_test_bandwidth), ("report", self_test_report),
-                     ("block swapper", self_test_swapper)):
+                     ("block swapper", self_test_swapper), ("AdamW forms", self_test_adamw)):
         try:
             n = fn()
             passed += n
@@ -2442,7 +2472,7 @@ def parse_args(argv=None):
     p.add_argument("--unet-batch", type=int, default=0, help="UNet batch (default: the model size's, 8)")
     p.add_argument("--unet-resolution", type=int, default=0, help="UNet resolution (default: the size's, 64)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--adamw", choices=("single", "foreach", "fused"), default="single",
+    p.add_argument("--adamw", choices=ADAMW_CHOICES, default="single",
                    help="the AdamW of llama-full and unet: single (foreach=False, the default), foreach or fused")
     p.add_argument("--pin-threads", action="store_true",
                    help="before the timed steps, give the Python thread, PyTorch's autograd thread and layerswap's "

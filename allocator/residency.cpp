@@ -521,6 +521,9 @@ struct residency_engine::impl {
   std::size_t phase_steps = 0;
   std::uint64_t phase_step = 0;
   std::size_t phase = 0;
+  bool profile_ready = false;  // the peaks of every 64th are known (Note [Reserve profile])
+  std::array<std::size_t, 64> profile_cap{};   // DEV: room for forecast regions in each 64th ahead
+  std::array<std::size_t, 64> profile_used{};  // DEV: the wanted regions' bytes held in each 64th ahead
   // Note [Automatic reserve]: the bytes evicted since the last step began by evictions that tell (move::judged), and
   // those of them clean; whether the reserve follows the step now.
   std::size_t step_evicted_bytes = 0;
@@ -1783,7 +1786,9 @@ struct residency_engine::impl {
       phase_seen[phase] = true;
       ++phases_seen;
     }
+    profile_ready = false;
     if (!following() || (phases_seen < k_phases && phase_steps < k_follow_steps)) return max_transient;
+    profile_ready = true;
     std::size_t reserve = 0;
     for (std::size_t k = 0; k <= options.reserve_ahead; ++k) {
       const std::size_t at = (phase + k) % k_phases;
@@ -1836,6 +1841,19 @@ struct residency_engine::impl {
     order.clear();
     std::size_t bytes = 0;
     const std::size_t limit = options.prefetch ? options.prefetch : k_far;
+    // Note [Reserve profile]: the room in each 64th ahead, its own peak (unseen: the step's) set aside.
+    const bool by_profile = options.profile_margin != 0 && profile_ready && f.step_launches != 0;
+    if (by_profile) {
+      for (std::size_t k = 0; k < k_phases; ++k) {
+        const std::size_t at = (phase + k) % k_phases;
+        std::size_t peak = phase_seen[at] ? phase_peak[at] : max_transient;
+        if (k == 0) peak = std::max(peak, transient);
+        peak = std::min(peak, max_transient);
+        const std::size_t room = budget > peak ? budget - peak : 0;
+        profile_cap[k] = room > cache_reserve ? room - cache_reserve : 0;
+        profile_used[k] = 0;
+      }
+    }
     for (std::size_t i = 0; i < f.upcoming.size() && order.size() < limit; ++i) {
       // Entry i with the rest of its group (a region without a group stands alone); members already wanted
       // (an earlier entry of the same group) are skipped.
@@ -1854,7 +1872,19 @@ struct residency_engine::impl {
       }
       std::size_t run_bytes = 0;
       for (swap_region* r : run) run_bytes += r->bytes;
-      if (bytes + run_bytes > capacity) break;
+      if (by_profile) {
+        // Held from now until L 64ths after its last member's next use (Note [Reserve profile]).
+        std::uint64_t far = 0;
+        for (swap_region* r : run) far = std::max(far, r->rank < f.upcoming.size() ? f.upcoming[r->rank].distance : 0);
+        const std::size_t until = std::min<std::size_t>(
+            k_phases - 1, static_cast<std::size_t>(far * k_phases / f.step_launches) + options.profile_margin);
+        bool fits = true;
+        for (std::size_t k = 0; k <= until && fits; ++k) fits = profile_used[k] + run_bytes <= profile_cap[k];
+        if (!fits) break;
+        for (std::size_t k = 0; k <= until; ++k) profile_used[k] += run_bytes;
+      } else if (bytes + run_bytes > capacity) {
+        break;
+      }
       bytes += run_bytes;
       for (swap_region* r : run) {
         r->wanted_round = round;
@@ -1877,10 +1907,32 @@ struct residency_engine::impl {
     for (swap_region* r : order) {
       if (r->state == region_residency::host && !r->mv) need += r->bytes;
     }
-    while (committed + need > capacity) {
-      swap_region* victim = pick_forecast_victim([round](const swap_region& r) { return r.wanted_round == round; });
-      if (!victim || !start_evict(*victim, false, true)) break;
-      committed -= std::min(committed, victim->bytes);
+    if (by_profile) {
+      // The regions not wanted may hold what every 64th ahead leaves beside the wanted ones; the rest are evicted,
+      // farthest first. Prefetches take the room of the present 64th.
+      std::size_t room = k_far;
+      for (std::size_t k = 0; k < k_phases; ++k) {
+        room = std::min(room, profile_cap[k] > profile_used[k] ? profile_cap[k] - profile_used[k] : 0);
+      }
+      std::size_t unwanted = 0;
+      for (std::size_t i = 0; i < forecast_regions.size(); ++i) {
+        const swap_region* r = ranked_at(i);
+        if (!r || !r->live || r->wanted_round == round) continue;
+        if (r->state == region_residency::device || r->state == region_residency::moving_in) unwanted += r->bytes;
+      }
+      while (unwanted > room) {
+        swap_region* victim = pick_forecast_victim([round](const swap_region& r) { return r.wanted_round == round; });
+        if (!victim || !start_evict(*victim, false, true)) break;
+        unwanted -= std::min(unwanted, victim->bytes);
+        committed -= std::min(committed, victim->bytes);
+      }
+      capacity = profile_cap[0];
+    } else {
+      while (committed + need > capacity) {
+        swap_region* victim = pick_forecast_victim([round](const swap_region& r) { return r.wanted_round == round; });
+        if (!victim || !start_evict(*victim, false, true)) break;
+        committed -= std::min(committed, victim->bytes);
+      }
     }
     // Prefetch in forecast order within the capacity, as pages allow (free ones, else the idle cache).
     for (swap_region* r : order) {

@@ -63,6 +63,9 @@ struct residency_options {
   // reserve]).
   reserve_mode reserve = reserve_mode::peak;
   std::uint32_t reserve_ahead = 4;
+  // DEV A/B switch LSDEV_PROFILE=L (residency.cpp, Note [Reserve profile]): 0 off; else a following reserve is
+  // met 64th by 64th, each wanted region held until L 64ths after its next use.
+  std::uint32_t profile_margin = 0;
   std::chrono::microseconds period{200};            // migration thread period
   // How long an idle migration thread sleeps (residency.cpp, Note [Idle engine]); at most `period`: never idle.
   std::chrono::microseconds idle_period{20000};

@@ -1,6 +1,7 @@
 // The residency engine and policy on the simulated device: the tests play the launch tracker (they call the
 // residency gate around every simulated launch) and check DESIGN.md's invariants 3, 4 and 6: no lost write,
 // never an access to an unmapped range, never a remap under a pending launch, never over the budget.
+#include <cstdlib>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -196,6 +197,7 @@ struct harness {
     o.split_free_peak = g_split_free_peak;
     o.residency.reserve = g_auto ? reserve_mode::automatic : g_follow ? reserve_mode::follow : reserve_mode::peak;
     if (g_auto) o.residency.reserve_ahead = 8;
+    if (const char* dev = std::getenv("LSDEV_PROFILE")) o.residency.profile_margin = static_cast<std::uint32_t>(std::atoi(dev));  // DEV
     o.residency.batch_digests = g_batch_digests;
     return o;
   }

@@ -524,6 +524,7 @@ struct residency_engine::impl {
   bool profile_ready = false;  // the peaks of every 64th are known (Note [Reserve profile])
   std::array<std::size_t, 64> profile_cap{};   // DEV: room for forecast regions in each 64th ahead
   std::array<std::size_t, 64> profile_used{};  // DEV: the wanted regions' bytes held in each 64th ahead
+  std::vector<std::size_t> order_from;           // DEV: the 64th each wanted region's hold begins
   // Note [Automatic reserve]: the bytes evicted since the last step began by evictions that tell (move::judged), and
   // those of them clean; whether the reserve follows the step now.
   std::size_t step_evicted_bytes = 0;
@@ -1839,6 +1840,7 @@ struct residency_engine::impl {
     std::vector<swap_region*>& order = order_scratch;
     std::vector<swap_region*>& run = run_scratch;
     order.clear();
+    order_from.clear();
     std::size_t bytes = 0;
     const std::size_t limit = options.prefetch ? options.prefetch : k_far;
     // Note [Reserve profile]: the room in each 64th ahead, its own peak (unseen: the step's) set aside.
@@ -1873,15 +1875,26 @@ struct residency_engine::impl {
       std::size_t run_bytes = 0;
       for (swap_region* r : run) run_bytes += r->bytes;
       if (by_profile) {
-        // Held from now until L 64ths after its last member's next use (Note [Reserve profile]).
+        // Held until L 64ths after its last member's next use, from now if a member is on the device, else from
+        // `lead` 64ths before its first member's use (Note [Reserve profile]).
         std::uint64_t far = 0;
-        for (swap_region* r : run) far = std::max(far, r->rank < f.upcoming.size() ? f.upcoming[r->rank].distance : 0);
+        std::uint64_t near = k_far;
+        bool on_device = false;
+        for (swap_region* r : run) {
+          const std::uint64_t d = r->rank < f.upcoming.size() ? f.upcoming[r->rank].distance : 0;
+          far = std::max(far, d);
+          near = std::min(near, d);
+          on_device = on_device || r->state == region_residency::device || r->state == region_residency::moving_in;
+        }
         const std::size_t until = std::min<std::size_t>(
             k_phases - 1, static_cast<std::size_t>(far * k_phases / f.step_launches) + options.profile_margin);
+        const std::size_t near_k = static_cast<std::size_t>(std::min<std::uint64_t>(near * k_phases / f.step_launches, k_phases - 1));
+        const std::size_t from = on_device || near_k <= options.profile_lead ? 0 : near_k - options.profile_lead;
         bool fits = true;
-        for (std::size_t k = 0; k <= until && fits; ++k) fits = profile_used[k] + run_bytes <= profile_cap[k];
+        for (std::size_t k = from; k <= until && fits; ++k) fits = profile_used[k] + run_bytes <= profile_cap[k];
         if (!fits) break;
-        for (std::size_t k = 0; k <= until; ++k) profile_used[k] += run_bytes;
+        for (std::size_t k = from; k <= until; ++k) profile_used[k] += run_bytes;
+        for (std::size_t n = 0; n < run.size(); ++n) order_from.push_back(from);
       } else if (bytes + run_bytes > capacity) {
         break;
       }
@@ -1935,8 +1948,16 @@ struct residency_engine::impl {
       }
     }
     // Prefetch in forecast order within the capacity, as pages allow (free ones, else the idle cache).
-    for (swap_region* r : order) {
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      swap_region* r = order[i];
       if (r->state != region_residency::host || r->mv) continue;
+      if (by_profile && order_from[i] != 0) {
+        // Not due yet: early only if it also fits in every 64th until its hold begins (Note [Reserve profile]).
+        bool fits = true;
+        for (std::size_t k = 0; k < order_from[i] && fits; ++k) fits = profile_used[k] + r->bytes <= profile_cap[k];
+        if (!fits) break;
+        for (std::size_t k = 0; k < order_from[i]; ++k) profile_used[k] += r->bytes;
+      }
       if (committed + r->bytes > capacity || !start_prefetch(*r, true)) break;  // the next round continues
       committed += r->bytes;
     }

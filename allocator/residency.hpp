@@ -66,6 +66,7 @@ struct residency_options {
   // DEV A/B switch LSDEV_PROFILE=L (residency.cpp, Note [Reserve profile]): 0 off; else a following reserve is
   // met 64th by 64th, each wanted region held until L 64ths after its next use.
   std::uint32_t profile_margin = 0;
+  std::uint32_t profile_lead = 4;  // DEV LSDEV_LEAD: 64ths before its use a region on the host is held from
   std::chrono::microseconds period{200};            // migration thread period
   // How long an idle migration thread sleeps (residency.cpp, Note [Idle engine]); at most `period`: never idle.
   std::chrono::microseconds idle_period{20000};

@@ -198,6 +198,7 @@ struct harness {
     o.residency.reserve = g_auto ? reserve_mode::automatic : g_follow ? reserve_mode::follow : reserve_mode::peak;
     if (g_auto) o.residency.reserve_ahead = 8;
     if (const char* dev = std::getenv("LSDEV_PROFILE")) o.residency.profile_margin = static_cast<std::uint32_t>(std::atoi(dev));  // DEV
+    if (const char* dev = std::getenv("LSDEV_LEAD")) o.residency.profile_lead = static_cast<std::uint32_t>(std::atoi(dev));  // DEV
     o.residency.batch_digests = g_batch_digests;
     return o;
   }

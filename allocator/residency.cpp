@@ -378,19 +378,6 @@ struct move {
   std::uint64_t remapped_ns = 0;
 };
 
-
-// DEV timeline (LSDEV_TIMELINE=path, %p the pid): one line per policy round and per move started. Not kept.
-inline std::FILE* dev_timeline() {
-  static std::FILE* f = [] {
-    const char* p = std::getenv("LSDEV_TIMELINE");
-    if (!p) return static_cast<std::FILE*>(nullptr);
-    std::string path(p);
-    if (auto at = path.find("%p"); at != std::string::npos) path.replace(at, 2, std::to_string(::getpid()));
-    return std::fopen(path.c_str(), "w");
-  }();
-  return f;
-}
-
 struct alignas(64) swap_region {
   // What a policy round reads of every forecast region first, in one cache line (Note [Policy rounds]).
   std::size_t bytes = 0;
@@ -1134,7 +1121,6 @@ struct residency_engine::impl {
         return false;  // LAYERSWAP_HOST_LIMIT or the host is full: this region stays
       }
     }
-    if (std::FILE* tl = dev_timeline()) std::fprintf(tl, "E %zu %zu %llu %llu %u %d\n", phase, r.bytes, (unsigned long long)r.rank, (unsigned long long)(defer ? dev_distance(r) : ~0ULL), r.group, sync ? 1 : 0);
     auto m = std::make_unique<move>();
     m->sync = sync;
     m->shadow = r.host.view;
@@ -1237,7 +1223,6 @@ struct residency_engine::impl {
     auto m = std::make_unique<move>();
     m->to_device = true;
     if (!take_chunk(r, *m)) return false;
-    if (std::FILE* tl = dev_timeline()) std::fprintf(tl, "P %zu %zu %llu %llu %u\n", phase, r.bytes, (unsigned long long)r.rank, (unsigned long long)(defer ? dev_distance(r) : ~0ULL), r.group);
     m->digested = ensure_digest_slot(r);  // Note [Write-back]
     if (m->digested) m->words = digest_words(r);  // whether a digest runs: start_copy (Note [Digest carried over])
     // Note [Unfenced prefetch]: start_copy leaves the fences out when r is untouched since its eviction.
@@ -1672,12 +1657,7 @@ struct residency_engine::impl {
     return held > reclaimable ? held - reclaimable : 0;
   }
 
-  const forecast* dev_f = nullptr;  // DEV timeline
-  std::uint64_t dev_distance(const swap_region& r) const {
-    return dev_f && r.rank < dev_f->upcoming.size() ? dev_f->upcoming[r.rank].distance : ~0ULL;
-  }
   void apply_forecast(const forecast* f) {
-    dev_f = f;
     for (swap_region* r : forecast_regions) {  // only the last forecast's regions have a rank
       if (r) r->rank = k_far;
     }
@@ -1777,7 +1757,6 @@ struct residency_engine::impl {
     }
     const auto now = static_cast<std::size_t>(f.step_position % f.step_launches * k_phases / f.step_launches);
     if (now + k_phases / 2 < phase) {  // the position wrapped: a new step
-      if (std::FILE* tl = dev_timeline()) { std::fprintf(tl, "S %zu\n", phase_steps); std::fflush(tl); }
       ++phase_steps;
       judge_evictions();
     }
@@ -1811,14 +1790,6 @@ struct residency_engine::impl {
     }
     st.reserve_bytes = static_cast<std::int64_t>(reserve);
     std::size_t capacity = budget > reserve ? budget - reserve : 0;
-    if (std::FILE* tl = dev_timeline()) {
-      std::size_t dev = 0;
-      for (std::size_t i = 0; i < forecast_regions.size(); ++i) {
-        const swap_region* r = ranked_at(i);
-        if (r && r->live && (r->state == region_residency::device || r->state == region_residency::moving_in)) dev += r->bytes;
-      }
-      std::fprintf(tl, "R %zu %llu %zu %zu %zu %zu %zu %zu %zu %zu\n", phase, (unsigned long long)f.step_position % std::max<std::uint64_t>(f.step_launches, 1), (std::size_t)f.step_launches, transient, reserve, budget, dev, source.held_bytes(), source.idle_bytes(), source.pooled_bytes() + spare_bytes);
-    }
     // Note [Cache reserve]
     const std::size_t cache_reserve = options.cache_reserve_auto ? std::min(cache_grown, capacity / 2)
                                                                  : std::min(options.cache_reserve, capacity);

@@ -122,8 +122,6 @@ caching_allocator& allocator_for(int device) {
   opts.residency.cache_reserve = cfg.cache_reserve;
   opts.residency.reserve = cfg.reserve;
   opts.residency.reserve_ahead = cfg.reserve_ahead;
-  if (const char* dev = std::getenv("LSDEV_PROFILE")) opts.residency.profile_margin = static_cast<std::uint32_t>(std::atoi(dev));  // DEV
-  if (const char* dev = std::getenv("LSDEV_LEAD")) opts.residency.profile_lead = static_cast<std::uint32_t>(std::atoi(dev));  // DEV
   auto* alloc = new caching_allocator(*port, opts);
   if (forecast_source* f = s.forecast.load(std::memory_order_acquire)) alloc->set_forecast_source(f);
   LAYERSWAP_LOG(info, "device %d: allocator ready (budget %s of %s)", device,

@@ -177,6 +177,30 @@
 //   spare chunks where it can (Notes [Split spares] and [Home segments] in caching_allocator.cpp). On the H200 (1.1B
 //   LoRA at 25%, docs/history.md, sessions 26 and 27) it cut the bytes moved per step from 3.73 to 2.1-2.5 GB, but the
 //   program still made ~145 segments a step (~300 without home segments): 1.3-1.4x the resident step against 1.1x.
+//   Since session 52 the learned peaks are met 64th by 64th (Note [Reserve profile]); N is the lead there.
+//
+// Note [Reserve profile]
+//   A following reserve used to set aside, in every round, the peak of the 64ths just ahead: the room the step needs at
+//   its peak had to be free at once, though the regions that will leave it by then are still in use. At LoRA's 25% on
+//   the H200 (a timeline of the rounds, bench/results/timeline_s52.patch) the forward pass evicted layers it had not
+//   used yet and prefetched them back before its end, and the backward pass evicted the last layers (used next in the
+//   next step's forward pass) for room the falling activations would have left anyway: 2.4-2.5 GB moved a step, where
+//   the room at the loss (3.46 GB of budget, 2.7-2.8 GB of activations) asks for ~1.6. So once the peaks of every 64th
+//   are known (Note [Following reserve]), the round meets each 64th ahead, over a whole step, on its own: the room for
+//   forecast regions in 64th k is the budget less k's peak (the present one: at least the transient bytes now). The
+//   wanted set is built in forecast order as before, each run (a region with its group) held in the 64ths from its
+//   hold's start to `reserve_margin` 64ths after its last member's next use (the eviction that follows a use waits
+//   for its launches); a run on the host starts its hold `reserve_ahead` (N) 64ths before its first member's use, a
+//   run with a member on the device now. The first run that does not fit in every 64th of its hold ends the set. The
+//   resident regions not wanted may hold what the tightest 64th leaves beside the wanted ones; the rest are evicted,
+//   farthest next use first, as before. Prefetches take the room of the present 64th, in forecast order; one whose
+//   hold has not begun goes early only if it fits in every 64th until then. A region used before the peak is thus kept
+//   until its use and evicted after it, and one used after the peak and again soon (the backward pass's first layers)
+//   stays through it when there is room. Measured on the H200 per cycle against the window rule (LoRA, session 52,
+//   margin 2 and N = 2; docs/history.md): at 25% 0.893x the step (quartiles 0.808-0.935; 1.79 GB moved a step against
+//   2.43, the migration thread's remaps 52 ms against 69); at 10% 0.913x (0.864-0.993; 2.38 GB against 3.50, launch
+//   waits 2.6 ms against 8.8); at 50% 1.049x (0.960-1.117; 1.03 GB against 1.38; pooled 0.1273 s against 0.1293).
+//   Margin 1 with N = 4 and N = 8 ran 0.961x and 0.942x at 25%.
 //
 // Note [Automatic reserve]
 //   A following reserve (above) pays off where handing room back to the activations is cheap: the evictions that give
@@ -508,10 +532,12 @@ struct residency_engine::impl {
   std::size_t phase_steps = 0;
   std::uint64_t phase_step = 0;
   std::size_t phase = 0;
-  bool profile_ready = false;  // the peaks of every 64th are known (Note [Reserve profile])
-  std::array<std::size_t, 64> profile_cap{};   // DEV: room for forecast regions in each 64th ahead
-  std::array<std::size_t, 64> profile_used{};  // DEV: the wanted regions' bytes held in each 64th ahead
-  std::vector<std::size_t> order_from;           // DEV: the 64th each wanted region's hold begins
+  // Note [Reserve profile]: whether the peaks of every 64th are known, and a round's scratch: the room for forecast
+  // regions in each 64th ahead, the wanted runs' bytes held in each, and the 64th each wanted region's hold begins.
+  bool profile_ready = false;
+  std::array<std::size_t, k_phases> profile_cap{};
+  std::array<std::size_t, k_phases> profile_used{};
+  std::vector<std::size_t> order_from;
   // Note [Automatic reserve]: the bytes evicted since the last step began by evictions that tell (move::judged), and
   // those of them clean; whether the reserve follows the step now.
   std::size_t step_evicted_bytes = 0;
@@ -1815,7 +1841,7 @@ struct residency_engine::impl {
     std::size_t bytes = 0;
     const std::size_t limit = options.prefetch ? options.prefetch : k_far;
     // Note [Reserve profile]: the room in each 64th ahead, its own peak (unseen: the step's) set aside.
-    const bool by_profile = options.profile_margin != 0 && profile_ready && f.step_launches != 0;
+    const bool by_profile = profile_ready && f.step_launches != 0;
     if (by_profile) {
       for (std::size_t k = 0; k < k_phases; ++k) {
         const std::size_t at = (phase + k) % k_phases;
@@ -1858,9 +1884,10 @@ struct residency_engine::impl {
           on_device = on_device || r->state == region_residency::device || r->state == region_residency::moving_in;
         }
         const std::size_t until = std::min<std::size_t>(
-            k_phases - 1, static_cast<std::size_t>(far * k_phases / f.step_launches) + options.profile_margin);
-        const std::size_t near_k = static_cast<std::size_t>(std::min<std::uint64_t>(near * k_phases / f.step_launches, k_phases - 1));
-        const std::size_t from = on_device || near_k <= options.profile_lead ? 0 : near_k - options.profile_lead;
+            k_phases - 1, static_cast<std::size_t>(far * k_phases / f.step_launches) + options.reserve_margin);
+        const std::size_t near_k =
+            static_cast<std::size_t>(std::min<std::uint64_t>(near * k_phases / f.step_launches, k_phases - 1));
+        const std::size_t from = on_device || near_k <= options.reserve_ahead ? 0 : near_k - options.reserve_ahead;
         bool fits = true;
         for (std::size_t k = from; k <= until && fits; ++k) fits = profile_used[k] + run_bytes <= profile_cap[k];
         if (!fits) break;

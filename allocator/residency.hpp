@@ -57,16 +57,14 @@ struct residency_options {
   // allocator's cache. Automatic: grown by note_cache_miss_locked(), at most half the policy's room; else fixed.
   bool cache_reserve_auto = false;
   std::size_t cache_reserve = 0;
-  // LAYERSWAP_RESERVE: the reserve for memory that cannot move is the step's peak (peak); the peak learned for the
-  // next `reserve_ahead` 64ths of the step and the current one (follow, residency.cpp, Note [Following reserve]); or
-  // that while the evictions of the last learned step were clean, else the step's peak (automatic, Note [Automatic
-  // reserve]).
+  // LAYERSWAP_RESERVE: the reserve for memory that cannot move is the step's peak (peak); the peak learned for each
+  // 64th of the step, met 64th by 64th, a region's room held from `reserve_ahead` 64ths before its use (follow,
+  // residency.cpp, Notes [Following reserve] and [Reserve profile]); or that while the evictions of the last learned
+  // step were clean, else the step's peak (automatic, Note [Automatic reserve]).
   reserve_mode reserve = reserve_mode::peak;
-  std::uint32_t reserve_ahead = 4;
-  // DEV A/B switch LSDEV_PROFILE=L (residency.cpp, Note [Reserve profile]): 0 off; else a following reserve is
-  // met 64th by 64th, each wanted region held until L 64ths after its next use.
-  std::uint32_t profile_margin = 0;
-  std::uint32_t profile_lead = 4;  // DEV LSDEV_LEAD: 64ths before its use a region on the host is held from
+  std::uint32_t reserve_ahead = 2;
+  // 64ths after a wanted region's next use that its room stays held (residency.cpp, Note [Reserve profile]).
+  std::uint32_t reserve_margin = 2;
   std::chrono::microseconds period{200};            // migration thread period
   // How long an idle migration thread sleeps (residency.cpp, Note [Idle engine]); at most `period`: never idle.
   std::chrono::microseconds idle_period{20000};

@@ -103,9 +103,9 @@ constexpr setting_info k_settings[row_count] = {
     {"LAYERSWAP_RESERVE", "auto",
      "auto, peak, follow, or auto:N or follow:N with N a whole number from 0 to 32",
      "The device memory swapping leaves to memory that cannot move (activations): peak, the largest amount seen at "
-     "any moment of a step; follow (experimental), the largest seen in the part of the learned step just ahead (N "
-     "64ths of it after the current one, 4 with follow), so that weights fill what the activations leave between "
-     "their peaks; auto, follow (8 64ths ahead with auto) while at least nine tenths of the bytes the last step "
+     "any moment of a step; follow (experimental), the largest seen in each 64th of the learned step, met 64th by "
+     "64th, so that weights fill what the activations leave between their peaks (a prefetch's room is held from N "
+     "64ths before its use, 2 by default); auto, follow while at least nine tenths of the bytes the last step "
      "evicted were clean (their write-back skipped: frozen weights), else peak"},
     {"LAYERSWAP_PROGRAM_FIRST", "1", "0 or 1 (also true/false, on/off, yes/no)",
      "The program's driver calls that make and free device memory (VMM calls) go before the migration thread's: the "
@@ -612,7 +612,7 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
       result.reserve = mode;
       result.reserve_ahead = ahead;
     };
-    // "follow:N" or "auto:N": the window N after the word's colon.
+    // "follow:N" or "auto:N": the lead N after the word's colon.
     const auto window = [&](std::string_view word) -> std::optional<std::uint32_t> {
       if (v.size() <= word.size() || !iequals(v.substr(0, word.size()), word) || v[word.size()] != ':') {
         return std::nullopt;

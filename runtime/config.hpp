@@ -96,13 +96,14 @@ struct config {
   // LAYERSWAP_RECLAIM: which idle segment a request without room destroys first (caching_allocator.cpp, Note
   // [Reclaim by fit]): the smallest that covers it (fit, the default) or the least recently freed (oldest).
   bool reclaim_fit = true;
-  // LAYERSWAP_RESERVE: the policy's reserve for memory that cannot move (residency.cpp, Notes [Following reserve] and
-  // [Automatic reserve]): the step's peak, the peak of the part of the learned step just ahead (`reserve_ahead`
-  // 64ths: follow), or that while the evictions are clean and the step's peak otherwise (auto, the default).
+  // LAYERSWAP_RESERVE: the policy's reserve for memory that cannot move (residency.cpp, Notes [Following reserve],
+  // [Reserve profile] and [Automatic reserve]): the step's peak, the peak learned for each 64th of the step, met 64th
+  // by 64th with a prefetch's room held from `reserve_ahead` 64ths before its use (follow), or that while the
+  // evictions are clean and the step's peak otherwise (auto, the default).
   reserve_mode reserve = reserve_mode::automatic;
   std::uint32_t reserve_ahead = k_auto_reserve_ahead;
-  static constexpr std::uint32_t k_follow_reserve_ahead = 4;  // LAYERSWAP_RESERVE=follow's window
-  static constexpr std::uint32_t k_auto_reserve_ahead = 8;    // LAYERSWAP_RESERVE=auto's
+  static constexpr std::uint32_t k_follow_reserve_ahead = 2;  // LAYERSWAP_RESERVE=follow's lead
+  static constexpr std::uint32_t k_auto_reserve_ahead = 2;    // LAYERSWAP_RESERVE=auto's
   // Whether the launch tracker should run (LAYERSWAP_TRACK against `enabled`).
   [[nodiscard]] bool tracking() const noexcept {
     return track == track_mode::on || track == track_mode::subscribe_only || track == track_mode::attribute ||

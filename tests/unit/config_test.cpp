@@ -824,10 +824,10 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   EXPECT_NE(config_error_of(vars{{"LAYERSWAP_RECLAIM", "lru"}}).find("LAYERSWAP_RECLAIM"), std::string::npos);
   EXPECT_NE(parse_config(vars{{"LAYERSWAP_RECLAIM", "oldest"}}).describe().find("LAYERSWAP_RECLAIM=oldest\n"),
             std::string::npos);
-  {  // auto by default (Note [Automatic reserve]): follows the step 8 64ths ahead while the evictions are clean
+  {  // auto by default (Note [Automatic reserve]): follows the step, a lead of 2 64ths, while the evictions are clean
     const config c = parse_config(vars{});
     EXPECT_EQ(c.reserve, reserve_mode::automatic);
-    EXPECT_EQ(c.reserve_ahead, 8u);
+    EXPECT_EQ(c.reserve_ahead, 2u);
   }
   {
     const config c = parse_config(vars{{"LAYERSWAP_RESERVE", " Peak "}});
@@ -837,13 +837,13 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   {
     const config c = parse_config(vars{{"LAYERSWAP_RESERVE", "follow"}});
     EXPECT_EQ(c.reserve, reserve_mode::follow);
-    EXPECT_EQ(c.reserve_ahead, 4u);
+    EXPECT_EQ(c.reserve_ahead, 2u);
     EXPECT_NE(c.describe().find("LAYERSWAP_RESERVE=follow\n"), std::string::npos) << c.describe();
   }
   {
     const config c = parse_config(vars{{"LAYERSWAP_RESERVE", "AUTO"}});
     EXPECT_EQ(c.reserve, reserve_mode::automatic);
-    EXPECT_EQ(c.reserve_ahead, 8u);
+    EXPECT_EQ(c.reserve_ahead, 2u);
     EXPECT_NE(c.describe().find("LAYERSWAP_RESERVE=auto\n"), std::string::npos) << c.describe();
   }
   for (const auto& [text, ahead, automatic] : std::vector<std::tuple<std::string, std::uint32_t, bool>>{
@@ -857,7 +857,7 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
             std::string::npos);
   EXPECT_NE(parse_config(vars{{"LAYERSWAP_RESERVE", "auto:4"}}).describe().find("LAYERSWAP_RESERVE=auto:4\n"),
             std::string::npos);
-  EXPECT_NE(parse_config(vars{{"LAYERSWAP_RESERVE", "auto:8"}}).describe().find("LAYERSWAP_RESERVE=auto\n"),
+  EXPECT_NE(parse_config(vars{{"LAYERSWAP_RESERVE", "auto:2"}}).describe().find("LAYERSWAP_RESERVE=auto\n"),
             std::string::npos);
   for (const char* bad : {"max", "follow:", "follow:33", "follow:-1", "follow:x", "follow:100", "follow 4", "auto:",
                           "auto:33", "auto 8", "autofollow", "peak:4"}) {

@@ -1,7 +1,6 @@
 // The residency engine and policy on the simulated device: the tests play the launch tracker (they call the
 // residency gate around every simulated launch) and check DESIGN.md's invariants 3, 4 and 6: no lost write,
 // never an access to an unmapped range, never a remap under a pending launch, never over the budget.
-#include <cstdlib>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -42,6 +41,13 @@ class fixed_forecast final : public forecast_source {
     ++f_.generation;
     f_.upcoming.clear();
     for (std::size_t i = 0; i < order.size(); ++i) f_.upcoming.push_back({order[i], 0, i + 1});
+  }
+  // Entries with their distances in launches (Note [Reserve profile]), in the order given.
+  void set_entries(const std::vector<std::pair<region_id, std::uint64_t>>& entries) {
+    std::lock_guard lock(mutex_);
+    f_.learned = true;
+    f_.upcoming.clear();
+    for (const auto& [id, distance] : entries) f_.upcoming.push_back({id, 0, distance});
   }
   // The learner's position within its learned step, of 1000 launches unless said (Note [Following reserve]).
   void set_position(std::uint64_t step_position, std::uint64_t step_launches = 1000) {
@@ -196,9 +202,6 @@ struct harness {
     o.split_peak = g_split_peak;
     o.split_free_peak = g_split_free_peak;
     o.residency.reserve = g_auto ? reserve_mode::automatic : g_follow ? reserve_mode::follow : reserve_mode::peak;
-    if (g_auto) o.residency.reserve_ahead = 8;
-    if (const char* dev = std::getenv("LSDEV_PROFILE")) o.residency.profile_margin = static_cast<std::uint32_t>(std::atoi(dev));  // DEV
-    if (const char* dev = std::getenv("LSDEV_LEAD")) o.residency.profile_lead = static_cast<std::uint32_t>(std::atoi(dev));  // DEV
     o.residency.batch_digests = g_batch_digests;
     return o;
   }
@@ -1325,6 +1328,59 @@ TEST(Residency, FollowingReserveGivesTheWeightsTheRoomActivationsLeave) {
     h.alloc.deallocate(small);
     for (void* p : w) h.alloc.deallocate(p);
   }
+}
+
+// Note [Reserve profile]: a step of 1000 launches under a 32 MiB budget whose activations need 20 MiB in its first
+// third and 4 MiB after, and four 4 MiB weights: two used in its first third (at 64ths 4 and 12), two after it (at 30
+// and 40). The first two and one of the others fit beside the first third's activations. Met 64th by 64th, a weight
+// on the host takes room only from two 64ths before its use, so the fourth weight stays on the host in the first
+// third, comes in after it and goes before it: one round trip a step. Setting aside at once the room of every weight
+// due next (the rule before session 52) evicted the weights used first as soon as those after them came due.
+TEST(Residency, AReserveMetSixtyFourthBySixtyFourthMovesOnlyWhatThePeakLacks) {
+  follow_on mode(true);
+  fixed_forecast f;
+  harness h(32 * MiB);
+  h.alloc.set_forecast_source(&f);
+  std::vector<void*> w;
+  for (int i = 0; i < 4; ++i) w.push_back(h.written(4 * MiB, static_cast<std::uint8_t>(0x70 + i)));
+  const std::array<std::uint64_t, 4> use_at = {4, 12, 30, 40};  // in 64ths
+  void* small = h.written(4 * MiB, 0x02);  // live all step
+  void* big = h.written(16 * MiB, 0x20);   // live in the step's first third
+  residency_stats before{};
+  const int steps = 5;
+  for (int step = 0; step < steps; ++step) {
+    if (step == steps - 1) before = h.alloc.residency();
+    for (std::uint64_t phase = 0; phase < 64; ++phase) {
+      const std::uint64_t position = phase * 1000 / 64 + 1;
+      std::vector<std::pair<region_id, std::uint64_t>> entries;
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        const std::uint64_t use = use_at[i] * 1000 / 64;
+        const std::uint64_t d = use >= position ? use - position : use + 1000 - position;
+        entries.emplace_back(harness::id_of(w[i]), d);
+      }
+      std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+      f.set_entries(entries);
+      f.set_position(position);
+      if (phase == 21) {
+        ASSERT_TRUE(h.holds(big, 16 * MiB, static_cast<std::uint8_t>(0x20 + step)));
+        h.alloc.deallocate(big);
+      }
+      if (phase == 0 && step > 0) big = h.written(16 * MiB, static_cast<std::uint8_t>(0x20 + step));
+      for (int i = 0; i < 3; ++i) h.alloc.residency_tick();
+      EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(32 * MiB));
+    }
+  }
+  const residency_stats r = h.alloc.residency();
+  EXPECT_GT(r.reserve_followed, 0);
+  EXPECT_EQ(r.stall_evictions, before.stall_evictions) << "the weights made room ahead of the activations";
+  EXPECT_EQ(r.prefetches - before.prefetches, 1) << "one round trip in the last step";
+  EXPECT_EQ(r.bytes_h2d - before.bytes_h2d, static_cast<std::int64_t>(4 * MiB));
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(h.holds(w[static_cast<std::size_t>(i)], 4 * MiB, 0x70 + i));
+  EXPECT_TRUE(h.holds(small, 4 * MiB, 0x02));
+  h.expect_clean();
+  h.alloc.deallocate(small);
+  h.alloc.deallocate(big);
+  for (void* p : w) h.alloc.deallocate(p);
 }
 
 // Note [Automatic reserve]: a step that uses four 4 MiB weights in turn in its first half, whose activations need 4 MiB

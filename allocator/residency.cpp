@@ -1794,8 +1794,7 @@ struct residency_engine::impl {
     }
     profile_ready = false;
     if (!following() || (phases_seen < k_phases && phase_steps < k_follow_steps)) return max_transient;
-    profile_ready = true;  // the round meets each 64th on its own (Note [Reserve profile])
-    // What the round reports (reserve_bytes) and sizes an automatic cache reserve by: the peak of the lead ahead.
+    profile_ready = true;
     std::size_t reserve = 0;
     for (std::size_t k = 0; k <= options.reserve_ahead; ++k) {
       const std::size_t at = (phase + k) % k_phases;

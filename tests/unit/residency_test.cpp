@@ -1334,8 +1334,9 @@ TEST(Residency, FollowingReserveGivesTheWeightsTheRoomActivationsLeave) {
 // third and 4 MiB after, and four 4 MiB weights: two used in its first third (at 64ths 4 and 12), two after it (at 30
 // and 40). The first two and one of the others fit beside the first third's activations. Met 64th by 64th, a weight
 // on the host takes room only from two 64ths before its use, so the fourth weight stays on the host in the first
-// third, comes in after it and goes before it: one round trip a step. Setting aside at once the room of every weight
-// due next (the rule before session 52) evicted the weights used first as soon as those after them came due.
+// third, comes in after it and leaves after its use: one round trip a step. Setting aside at once the room of every
+// weight due next (the rule before session 52) evicted the weights used first as soon as those after them came due:
+// three a step.
 TEST(Residency, AReserveMetSixtyFourthBySixtyFourthMovesOnlyWhatThePeakLacks) {
   follow_on mode(true);
   fixed_forecast f;

@@ -1804,6 +1804,15 @@ struct residency_engine::impl {
     return std::min(reserve, max_transient);
   }
 
+  // Note [Reserve profile]: holds `bytes` in the 64ths [first, end) ahead if they fit beside what each already holds.
+  bool hold_if_fits(std::size_t first, std::size_t end, std::size_t bytes) {
+    for (std::size_t k = first; k < end; ++k) {
+      if (profile_used[k] + bytes > profile_cap[k]) return false;
+    }
+    for (std::size_t k = first; k < end; ++k) profile_used[k] += bytes;
+    return true;
+  }
+
   void policy_forecast(const forecast& f, std::size_t budget) {
     const std::size_t transient = transient_bytes();
     max_transient = std::max(max_transient, transient);
@@ -1888,10 +1897,7 @@ struct residency_engine::impl {
         const std::size_t near_k =
             static_cast<std::size_t>(std::min<std::uint64_t>(near * k_phases / f.step_launches, k_phases - 1));
         const std::size_t from = on_device || near_k <= options.reserve_ahead ? 0 : near_k - options.reserve_ahead;
-        bool fits = true;
-        for (std::size_t k = from; k <= until && fits; ++k) fits = profile_used[k] + run_bytes <= profile_cap[k];
-        if (!fits) break;
-        for (std::size_t k = from; k <= until; ++k) profile_used[k] += run_bytes;
+        if (!hold_if_fits(from, until + 1, run_bytes)) break;
         for (std::size_t n = 0; n < run.size(); ++n) order_from.push_back(from);
       } else if (bytes + run_bytes > capacity) {
         break;
@@ -1914,10 +1920,6 @@ struct residency_engine::impl {
       if (!r || !r->live) continue;
       if (r->state == region_residency::device || r->state == region_residency::moving_in) committed += r->bytes;
     }
-    std::size_t need = 0;
-    for (swap_region* r : order) {
-      if (r->state == region_residency::host && !r->mv) need += r->bytes;
-    }
     if (by_profile) {
       // The regions not wanted may hold what every 64th ahead leaves beside the wanted ones; the rest are evicted,
       // farthest first. Prefetches take the room of the present 64th.
@@ -1939,6 +1941,10 @@ struct residency_engine::impl {
       }
       capacity = profile_cap[0];
     } else {
+      std::size_t need = 0;
+      for (swap_region* r : order) {
+        if (r->state == region_residency::host && !r->mv) need += r->bytes;
+      }
       while (committed + need > capacity) {
         swap_region* victim = pick_forecast_victim([round](const swap_region& r) { return r.wanted_round == round; });
         if (!victim || !start_evict(*victim, false, true)) break;
@@ -1951,10 +1957,7 @@ struct residency_engine::impl {
       if (r->state != region_residency::host || r->mv) continue;
       if (by_profile && order_from[i] != 0) {
         // Not due yet: early only if it also fits in every 64th until its hold begins (Note [Reserve profile]).
-        bool fits = true;
-        for (std::size_t k = 0; k < order_from[i] && fits; ++k) fits = profile_used[k] + r->bytes <= profile_cap[k];
-        if (!fits) break;
-        for (std::size_t k = 0; k < order_from[i]; ++k) profile_used[k] += r->bytes;
+        if (!hold_if_fits(0, order_from[i], r->bytes)) break;
       }
       if (committed + r->bytes > capacity || !start_prefetch(*r, true)) break;  // the next round continues
       committed += r->bytes;

@@ -1798,11 +1798,14 @@ struct residency_engine::impl {
     std::size_t reserve = 0;
     for (std::size_t k = 0; k <= options.reserve_ahead; ++k) {
       const std::size_t at = (phase + k) % k_phases;
-      reserve = std::max(reserve, phase_seen[at] ? phase_peak[at] : max_transient);  // unseen: the step's peak
+      reserve = std::max(reserve, learned_peak(at));
     }
     ++st.reserve_followed;
     return std::min(reserve, max_transient);
   }
+
+  // The transient peak learned in the step's 64th `at`; while that 64th is unseen, the step's peak.
+  std::size_t learned_peak(std::size_t at) const { return phase_seen[at] ? phase_peak[at] : max_transient; }
 
   // Note [Reserve profile]: holds `bytes` in the 64ths [first, end) ahead if they fit beside what each already holds.
   bool hold_if_fits(std::size_t first, std::size_t end, std::size_t bytes) {
@@ -1847,14 +1850,14 @@ struct residency_engine::impl {
     std::vector<swap_region*>& run = run_scratch;
     order.clear();
     order_from.clear();
-    std::size_t bytes = 0;
+    std::size_t bytes = 0;  // the wanted set's bytes, on the step peak's path (without the profile)
     const std::size_t limit = options.prefetch ? options.prefetch : k_far;
     // Note [Reserve profile]: the room in each 64th ahead, its own peak (unseen: the step's) set aside.
     const bool by_profile = profile_ready && f.step_launches != 0;
     if (by_profile) {
       for (std::size_t k = 0; k < k_phases; ++k) {
         const std::size_t at = (phase + k) % k_phases;
-        std::size_t peak = phase_seen[at] ? phase_peak[at] : max_transient;
+        std::size_t peak = learned_peak(at);
         if (k == 0) peak = std::max(peak, transient);
         peak = std::min(peak, max_transient);
         const std::size_t room = budget > peak ? budget - peak : 0;
@@ -1899,10 +1902,10 @@ struct residency_engine::impl {
         const std::size_t from = on_device || near_k <= options.reserve_ahead ? 0 : near_k - options.reserve_ahead;
         if (!hold_if_fits(from, until + 1, run_bytes)) break;
         for (std::size_t n = 0; n < run.size(); ++n) order_from.push_back(from);
-      } else if (bytes + run_bytes > capacity) {
-        break;
+      } else {
+        if (bytes + run_bytes > capacity) break;
+        bytes += run_bytes;
       }
-      bytes += run_bytes;
       for (swap_region* r : run) {
         r->wanted_round = round;
         order.push_back(r);

@@ -10,10 +10,17 @@ Figures a run did not record (an older layerswap) print as '-'. With --relation 
 prints instead how the step's excess over the resident step goes with the migration thread's remap time, over every
 side of MODEL (variants included):
 
-    python3 bench/swap_stats.py --relation llama-lora bench/results/swap_s4*.json"""
+    python3 bench/swap_stats.py --relation llama-lora bench/results/swap_s4*.json
+
+With --pool MODEL:FRACTION it reads any number of runs and pools that case's interleaved cycles: each run's step over
+the bound and its paired median, then every cycle's ratio (step / resident) of all runs together, with its median,
+quartiles and a bootstrap 95% interval of that median; and the peers' speedups the same way:
+
+    python3 bench/swap_stats.py --pool llama-lora:0.25 bench/results/swap_s53_lora25*.json"""
 import argparse
 import json
 import pathlib
+import random
 import signal
 import statistics
 import sys
@@ -95,6 +102,10 @@ def main(argv=None):
     ap.add_argument("json", nargs="*", default=["bench/results/swap.json"])
     ap.add_argument("--relation", metavar="MODEL", help="the step's excess against the remap time over every side of "
                     "MODEL in the runs given")
+    ap.add_argument("--pool", metavar="MODEL:FRACTION", help="pool the interleaved cycles of one case over the runs "
+                    "given (e.g. llama-lora:0.25)")
+    ap.add_argument("--limit", type=float, default=1.2, help="with --pool: the ratio a run's step over the bound is "
+                    "held to (default 1.2)")
     ap.add_argument("--self-test", action="store_true")
     a = ap.parse_args(argv)
     if a.self_test:
@@ -131,6 +142,25 @@ def main(argv=None):
         res["cases"][0]["interleave"] = {"block_position_s": [0.3, 0.15, None]}
         assert place_rows(res) == [{"case": "m resident", "0": "200.0", "1": "100.0", "2": "100.0"},
                                    {"case": "m 0.25", "0": "300.0", "1": "150.0", "2": "-"}], place_rows(res)
+        runs = [{"device": "X", "cases": [{"model": "m", "budget_fraction": 0.25, "step_s": 1.1, "resident_step_s": 1.0,
+                                            "bound_s": 1.0, "step_over_bound": 1.1,
+                                            "interleave": {"median_ratio": 1.1, "ratios_per_cycle": [1.0, 1.1, 1.3]},
+                                            "peers": {"p": {"layerswap_speedup": 2.0, "interleave": {
+                                                "layerswap_speedup": {"ratios_per_cycle": [2.0, 2.2]}}}}}]},
+                {"device": "X", "cases": [{"model": "m", "budget_fraction": 0.25, "step_s": 1.3, "resident_step_s": 1.0,
+                                            "bound_s": 1.0, "step_over_bound": 1.3,
+                                            "interleave": {"median_ratio": 1.25, "ratios_per_cycle": [1.2, 1.4]}}]},
+                {"cases": [{"model": "m", "budget_fraction": 0.5, "step_over_bound": 9.0}]}]
+        pool = pool_case(runs, "m", 0.25, limit=1.2, resamples=200)
+        assert [r["step_over_bound"] for r in pool["runs"]] == [1.1, 1.3], pool
+        assert pool["cycles"] == 5 and abs(pool["median"] - 1.2) < 1e-9, pool
+        assert pool["within"] == 1 and pool["within_paired"] == 1 and not pool["bound_not_resident"], pool
+        lo, hi = pool["median_ci"]
+        assert 1.0 <= lo <= pool["median"] <= hi <= 1.4, pool
+        assert pool["peers"]["p"]["runs"] == 1 and abs(pool["peers"]["p"]["median"] - 2.1) < 1e-9, pool
+        runs[1]["cases"][0]["bound_s"] = 1.2  # S / B above the resident step: the cycles' ratios are not over the bound
+        assert pool_case(runs, "m", 0.25, limit=1.2, resamples=10)["bound_not_resident"] == 1
+        assert pool_case(runs, "m", 0.1, limit=1.2)["runs"] == []
         print("swap_stats self-test: ok")
         return 0
     if a.relation:
@@ -153,8 +183,24 @@ def main(argv=None):
               + (f", quartiles {quart[0]:.2f}-{quart[1]:.2f}" if quart else "")
               + f", range {summary['ratio_range'][0]:.2f}-{summary['ratio_range'][1]:.2f}")
         return 0
+    if a.pool:
+        model, _, fraction = a.pool.rpartition(":")
+        try:
+            fraction = float(fraction)
+        except ValueError:
+            ap.error(f"--pool {a.pool!r}: expected MODEL:FRACTION, e.g. llama-lora:0.25")
+        results = []
+        for name in a.json:
+            with open(name) as fh:
+                results.append(json.load(fh))
+        pool = pool_case(results, model, fraction, limit=a.limit, names=a.json)
+        if not pool["runs"]:
+            print(f"no run of {a.json} has the case {model} at {fraction:g} with interleaved cycles", file=sys.stderr)
+            return 1
+        print_pool(pool, model, fraction, a.limit)
+        return 0
     if len(a.json) != 1:
-        ap.error("one run at a time, unless --relation")
+        ap.error("one run at a time, unless --relation or --pool")
     with open(a.json[0]) as fh:
         res = json.load(fh)
     table = rows(res)
@@ -270,6 +316,76 @@ def relation_summary(pts):
             "ratio_median": statistics.median(ratios),
             "quartiles": (lambda q: [q[0], q[2]])(statistics.quantiles(ratios, n=4)) if len(ratios) >= 4 else None,
             "ratio_range": [ratios[0], ratios[-1]]}
+
+
+def _median_ci(values, resamples, seed=54):
+    """A bootstrap 95% interval of the median of `values` (a fixed seed: the same runs give the same interval)."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return [meds[int(0.025 * (resamples - 1))], meds[int(0.975 * (resamples - 1))]]
+
+
+def pool_case(results, model, fraction, limit, names=None, resamples=2000):
+    """One case (`model` at budget `fraction`) over several bench/swap.py runs: per run its step over the bound and
+    its paired median (step / resident per cycle); all runs' cycles pooled, with their median, quartiles and a
+    bootstrap interval of the median; how many runs were within `limit` either way; and each peer's paired
+    speedups pooled the same way. `bound_not_resident` counts the runs whose bound was S / B rather than the
+    resident step, where a cycle's step / resident is not its step over the bound."""
+    runs, cycles, peers = [], [], {}
+    for i, res in enumerate(results):
+        for c in res.get("cases", []):
+            inter = c.get("interleave") or {}
+            if c.get("model") != model or c.get("budget_fraction") != fraction or not inter.get("ratios_per_cycle"):
+                continue
+            runs.append({"name": names[i] if names else str(i), "device": res.get("device"),
+                         "resident_step_s": c.get("resident_step_s"), "step_over_bound": c.get("step_over_bound"),
+                         "paired": inter.get("median_ratio"), "cycles": len(inter["ratios_per_cycle"]),
+                         "bound_is_resident": (c.get("bound_s") or 0) <= (c.get("resident_step_s") or 0)})
+            cycles += inter["ratios_per_cycle"]
+            for peer, p in (c.get("peers") or {}).items():
+                speed = ((p.get("interleave") or {}).get("layerswap_speedup") or {}).get("ratios_per_cycle")
+                if speed:
+                    entry = peers.setdefault(peer, {"runs": 0, "cycles": [], "speedups": []})
+                    entry["runs"] += 1
+                    entry["cycles"] += speed
+                    entry["speedups"].append(p.get("layerswap_speedup"))
+    out = {"runs": runs, "cycles": len(cycles), "peers": {}}
+    if not cycles:
+        return out
+    out["median"] = statistics.median(cycles)
+    out["quartiles"] = (lambda q: [q[0], q[2]])(statistics.quantiles(cycles, n=4)) if len(cycles) >= 4 else None
+    out["median_ci"] = _median_ci(cycles, resamples)
+    out["within"] = sum(1 for r in runs if r["step_over_bound"] is not None and r["step_over_bound"] <= limit)
+    out["within_paired"] = sum(1 for r in runs if r["paired"] is not None and r["paired"] <= limit)
+    out["bound_not_resident"] = sum(1 for r in runs if not r["bound_is_resident"])
+    for peer, e in peers.items():
+        out["peers"][peer] = {"runs": e["runs"], "cycles": len(e["cycles"]), "median": statistics.median(e["cycles"]),
+                              "median_ci": _median_ci(e["cycles"], resamples),
+                              "speedup_range": [min(x for x in e["speedups"] if x), max(x for x in e["speedups"] if x)]}
+    return out
+
+
+def print_pool(pool, model, fraction, limit):
+    print(f"{model} at {fraction:g}: {len(pool['runs'])} runs, {pool['cycles']} interleaved cycles")
+    print(f"  {'run':<48} {'device':<12} {'resident':>8} {'step/bnd':>8} {'paired':>7} {'cycles':>6}")
+    for r in pool["runs"]:
+        res = f"{r['resident_step_s']:.4f}" if r["resident_step_s"] else "-"
+        sob = f"{r['step_over_bound']:.3f}" if r["step_over_bound"] is not None else "-"
+        par = f"{r['paired']:.3f}" if r["paired"] is not None else "-"
+        print(f"  {pathlib.Path(r['name']).name:<48} {str(r['device'])[-12:]:<12} {res:>8} {sob:>8} {par:>7} "
+              f"{r['cycles']:>6}")
+    q, ci = pool["quartiles"], pool["median_ci"]
+    print(f"  pooled cycles, step / resident: median {pool['median']:.3f}"
+          + (f" (quartiles {q[0]:.3f}-{q[1]:.3f})" if q else "") + f", 95% interval of the median {ci[0]:.3f}-{ci[1]:.3f}")
+    print(f"  runs within {limit:g}x: {pool['within']} of {len(pool['runs'])} by step over the bound, "
+          f"{pool['within_paired']} paired")
+    if pool["bound_not_resident"]:
+        print(f"  note: in {pool['bound_not_resident']} run(s) the bound was S / B, above the resident step: their "
+              "cycles' step / resident is not their step over the bound")
+    for peer, p in pool["peers"].items():
+        print(f"  {peer}: layerswap faster by {p['median']:.2f}x pooled over {p['cycles']} cycles of {p['runs']} runs "
+              f"(95% interval {p['median_ci'][0]:.2f}-{p['median_ci'][1]:.2f}); per run "
+              f"{p['speedup_range'][0]:.2f}-{p['speedup_range'][1]:.2f}x")
 
 
 def _seconds(v):

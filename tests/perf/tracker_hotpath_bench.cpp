@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
                 for (int i = 0; i < 4; ++i) callback(domain::driver, site::exit);
               }, n));
 
-  for (const std::size_t mib : {1, 32}) {
+  for (const std::size_t mib : {1, 4, 32}) {
     g_evict.assign(mib << 20, 0);
     std::printf("  cold, %2zu MiB walked between launches:\n", mib);
     std::printf("  %-44s %8.1f\n", "  both:   4 callbacks", cold_ns(launch_both, n_cold));

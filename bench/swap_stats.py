@@ -14,7 +14,8 @@ side of MODEL (variants included):
 
 With --pool MODEL:FRACTION it reads any number of runs and pools that case's interleaved cycles: each run's step over
 the bound and its paired median, then every cycle's ratio (step / resident) of all runs together, with its median,
-quartiles and a bootstrap 95% interval of that median; and the peers' speedups the same way:
+quartiles and a bootstrap 95% interval of that median; and the peers' speedups the same way. Give each run once: a
+record merged with --merge holds the same cycles as the files merged into it.
 
     python3 bench/swap_stats.py --pool llama-lora:0.25 bench/results/swap_s53_lora25*.json"""
 import argparse
@@ -158,6 +159,9 @@ def main(argv=None):
         lo, hi = pool["median_ci"]
         assert 1.0 <= lo <= pool["median"] <= hi <= 1.4, pool
         assert pool["peers"]["p"]["runs"] == 1 and abs(pool["peers"]["p"]["median"] - 2.1) < 1e-9, pool
+        assert pool["peers"]["p"]["speedup_range"] == [2.0, 2.0], pool
+        runs[0]["cases"][0]["peers"]["p"]["layerswap_speedup"] = None  # no step figure: no per-run range, no error
+        assert pool_case(runs, "m", 0.25, limit=1.2, resamples=10)["peers"]["p"]["speedup_range"] is None
         runs[1]["cases"][0]["bound_s"] = 1.2  # S / B above the resident step: the cycles' ratios are not over the bound
         assert pool_case(runs, "m", 0.25, limit=1.2, resamples=10)["bound_not_resident"] == 1
         assert pool_case(runs, "m", 0.1, limit=1.2)["runs"] == []
@@ -359,9 +363,10 @@ def pool_case(results, model, fraction, limit, names=None, resamples=2000):
     out["within_paired"] = sum(1 for r in runs if r["paired"] is not None and r["paired"] <= limit)
     out["bound_not_resident"] = sum(1 for r in runs if not r["bound_is_resident"])
     for peer, e in peers.items():
+        speedups = [x for x in e["speedups"] if x]
         out["peers"][peer] = {"runs": e["runs"], "cycles": len(e["cycles"]), "median": statistics.median(e["cycles"]),
                               "median_ci": _median_ci(e["cycles"], resamples),
-                              "speedup_range": [min(x for x in e["speedups"] if x), max(x for x in e["speedups"] if x)]}
+                              "speedup_range": [min(speedups), max(speedups)] if speedups else None}
     return out
 
 
@@ -383,9 +388,10 @@ def print_pool(pool, model, fraction, limit):
         print(f"  note: in {pool['bound_not_resident']} run(s) the bound was S / B, above the resident step: their "
               "cycles' step / resident is not their step over the bound")
     for peer, p in pool["peers"].items():
+        span = p["speedup_range"]
         print(f"  {peer}: layerswap faster by {p['median']:.2f}x pooled over {p['cycles']} cycles of {p['runs']} runs "
-              f"(95% interval {p['median_ci'][0]:.2f}-{p['median_ci'][1]:.2f}); per run "
-              f"{p['speedup_range'][0]:.2f}-{p['speedup_range'][1]:.2f}x")
+              f"(95% interval {p['median_ci'][0]:.2f}-{p['median_ci'][1]:.2f})"
+              + (f"; per run {span[0]:.2f}-{span[1]:.2f}x" if span else ""))
 
 
 def _seconds(v):

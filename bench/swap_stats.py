@@ -168,10 +168,7 @@ def main(argv=None):
         print("swap_stats self-test: ok")
         return 0
     if a.relation:
-        results = []
-        for name in a.json:
-            with open(name) as fh:
-                results.append(json.load(fh))
+        results = load_runs(a.json)
         pts = relation_points(results, a.relation)
         if len(pts) < 2:
             print(f"{len(pts)} side(s) of {a.relation} with a step, a resident step and a remap time: too few",
@@ -193,10 +190,7 @@ def main(argv=None):
             fraction = float(fraction)
         except ValueError:
             ap.error(f"--pool {a.pool!r}: expected MODEL:FRACTION, e.g. llama-lora:0.25")
-        results = []
-        for name in a.json:
-            with open(name) as fh:
-                results.append(json.load(fh))
+        results = load_runs(a.json)
         pool = pool_case(results, model, fraction, limit=a.limit, names=a.json)
         if not pool["runs"]:
             print(f"no run of {a.json} has the case {model} at {fraction:g} with interleaved cycles", file=sys.stderr)
@@ -290,6 +284,15 @@ def place_rows(res):
         for peer, p in (c.get("peers") or {}).items():
             row(f"{label} {peer}", (p.get("interleave") or {}).get("block_position_s"))
     return out
+
+
+def load_runs(names):
+    """The bench/swap.py runs (JSON files) named, in order."""
+    results = []
+    for name in names:
+        with open(name) as fh:
+            results.append(json.load(fh))
+    return results
 
 
 def relation_points(results, model):

@@ -1918,11 +1918,21 @@ struct residency_engine::impl {
     // (Belady), as many as that takes, at once: an eviction waits for the launches already enqueued (its
     // fences), so it has to start long before its pages are needed.
     std::size_t committed = 0;
+    std::size_t unwanted = 0;  // of it, the regions not wanted (the profile's evictions read it)
     for (std::size_t i = 0; i < forecast_regions.size(); ++i) {
       const swap_region* r = ranked_at(i);
       if (!r || !r->live) continue;
-      if (r->state == region_residency::device || r->state == region_residency::moving_in) committed += r->bytes;
+      if (r->state != region_residency::device && r->state != region_residency::moving_in) continue;
+      committed += r->bytes;
+      if (r->wanted_round != round) unwanted += r->bytes;
     }
+    // Starts evicting the resident forecast region not wanted that is used farthest; its bytes, or 0 if none goes.
+    const auto evict_farthest = [&]() -> std::size_t {
+      swap_region* victim = pick_forecast_victim([round](const swap_region& r) { return r.wanted_round == round; });
+      if (!victim || !start_evict(*victim, false, true)) return 0;
+      committed -= std::min(committed, victim->bytes);
+      return victim->bytes;
+    };
     if (by_profile) {
       // The regions not wanted may hold what every 64th ahead leaves beside the wanted ones; the rest are evicted,
       // farthest first. Prefetches take the room of the present 64th.
@@ -1930,17 +1940,10 @@ struct residency_engine::impl {
       for (std::size_t k = 0; k < k_phases; ++k) {
         room = std::min(room, profile_cap[k] > profile_used[k] ? profile_cap[k] - profile_used[k] : 0);
       }
-      std::size_t unwanted = 0;
-      for (std::size_t i = 0; i < forecast_regions.size(); ++i) {
-        const swap_region* r = ranked_at(i);
-        if (!r || !r->live || r->wanted_round == round) continue;
-        if (r->state == region_residency::device || r->state == region_residency::moving_in) unwanted += r->bytes;
-      }
       while (unwanted > room) {
-        swap_region* victim = pick_forecast_victim([round](const swap_region& r) { return r.wanted_round == round; });
-        if (!victim || !start_evict(*victim, false, true)) break;
-        unwanted -= std::min(unwanted, victim->bytes);
-        committed -= std::min(committed, victim->bytes);
+        const std::size_t evicted = evict_farthest();
+        if (evicted == 0) break;
+        unwanted -= std::min(unwanted, evicted);
       }
       capacity = profile_cap[0];
     } else {
@@ -1949,9 +1952,7 @@ struct residency_engine::impl {
         if (r->state == region_residency::host && !r->mv) need += r->bytes;
       }
       while (committed + need > capacity) {
-        swap_region* victim = pick_forecast_victim([round](const swap_region& r) { return r.wanted_round == round; });
-        if (!victim || !start_evict(*victim, false, true)) break;
-        committed -= std::min(committed, victim->bytes);
+        if (evict_farthest() == 0) break;
       }
     }
     // Prefetch in forecast order within the capacity, as pages allow (free ones, else the idle cache).

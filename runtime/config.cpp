@@ -352,8 +352,7 @@ std::string reserve_text(const config& c) {
   if (c.reserve == reserve_mode::peak) return "peak";
   const bool automatic = c.reserve == reserve_mode::automatic;
   std::string text = automatic ? "auto" : "follow";
-  const std::uint32_t ahead = automatic ? config::k_auto_reserve_ahead : config::k_follow_reserve_ahead;
-  if (c.reserve_ahead != ahead) text += ':' + std::to_string(c.reserve_ahead);
+  if (c.reserve_ahead != config::k_reserve_ahead) text += ':' + std::to_string(c.reserve_ahead);
   return text;
 }
 
@@ -624,11 +623,11 @@ config parse_config(std::span<const std::pair<std::string, std::string>> vars) {
       return n;
     };
     if (iequals(v, "peak")) {
-      set(reserve_mode::peak, config::k_auto_reserve_ahead);
+      set(reserve_mode::peak, config::k_reserve_ahead);
     } else if (iequals(v, "follow")) {
-      set(reserve_mode::follow, config::k_follow_reserve_ahead);
+      set(reserve_mode::follow, config::k_reserve_ahead);
     } else if (iequals(v, "auto")) {
-      set(reserve_mode::automatic, config::k_auto_reserve_ahead);
+      set(reserve_mode::automatic, config::k_reserve_ahead);
     } else if (const std::optional<std::uint32_t> n = window("follow")) {
       set(reserve_mode::follow, *n);
     } else if (const std::optional<std::uint32_t> n = window("auto")) {

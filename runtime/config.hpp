@@ -101,9 +101,8 @@ struct config {
   // by 64th with a prefetch's room held from `reserve_ahead` 64ths before its use (follow), or that while the
   // evictions are clean and the step's peak otherwise (auto, the default).
   reserve_mode reserve = reserve_mode::automatic;
-  std::uint32_t reserve_ahead = k_auto_reserve_ahead;
-  static constexpr std::uint32_t k_follow_reserve_ahead = 2;  // LAYERSWAP_RESERVE=follow's lead
-  static constexpr std::uint32_t k_auto_reserve_ahead = 2;    // LAYERSWAP_RESERVE=auto's
+  std::uint32_t reserve_ahead = k_reserve_ahead;
+  static constexpr std::uint32_t k_reserve_ahead = 2;  // the profile's lead of LAYERSWAP_RESERVE=auto and follow
   // Whether the launch tracker should run (LAYERSWAP_TRACK against `enabled`).
   [[nodiscard]] bool tracking() const noexcept {
     return track == track_mode::on || track == track_mode::subscribe_only || track == track_mode::attribute ||

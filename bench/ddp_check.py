@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""Data-parallel training under layerswap: DistributedDataParallel over NCCL, one process per GPU.
+
+Each case trains the same model twice through torchrun, without layerswap (resident) and with a LAYERSWAP_BUDGET
+that keeps a fraction of the movable bytes on each GPU, and checks that every rank's losses and final parameters
+are bitwise equal. DDP's gradient buckets are long-lived allocations that NCCL's kernels read and write on a stream
+of their own, through pointers the launch tracker may not see in the kernels' arguments: this is the check that
+swapping stays correct beside them. The layerswap side also reports what the tracker saw of NCCL's launches: one
+all-reduce of a fresh tensor after training, and whether its kernel's decoded arguments held that tensor's region.
+
+    python3 bench/ddp_check.py [--gpus 2] [--cases llama-full:0.25,llama-lora:0.25] [--steps 12] [--out F.json]
+
+Needs 2+ GPUs; with fewer it says so and exits with status 0 (nothing checked). Exit status 1 when a case's
+results differ.
+"""
+import argparse
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+MIB = 1 << 20
+
+
+def parse_cases(text):
+    cases = []
+    for item in text.split(","):
+        name, _, fraction = item.strip().partition(":")
+        if name not in ("llama-full", "llama-lora") or not fraction:
+            raise SystemExit(f"--cases: {item!r} is not llama-full:F or llama-lora:F (F a fraction such as 0.25)")
+        f = float(fraction)
+        if not 0 < f <= 1:
+            raise SystemExit(f"--cases: the fraction of {item!r} must be in (0, 1]")
+        cases.append((name, f))
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A rank (run by torchrun)
+# ---------------------------------------------------------------------------------------------------------
+
+def param_digest(model):
+    """sha256 of every parameter's bytes, in the model's order (the final weights, bit for bit)."""
+    import torch
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def nccl_probe(ls, device):
+    """One all-reduce of a fresh 64 MiB tensor, and what the tracker recorded of its kernel launches."""
+    import torch
+    import torch.distributed as dist
+    import layerswap.tracker as lt
+    torch.cuda.synchronize(device)
+    lt.drain()  # the launches before (the learner has read them)
+    x = torch.ones(16 * MIB, device=device)  # its own region (a large allocation)
+    region = lt.region_of(x.data_ptr())
+    dist.all_reduce(x)
+    torch.cuda.synchronize(device)
+    time.sleep(0.05)  # the tracker's consumer moves launches to drain()'s buffer every millisecond
+    launches = [(kernel, regions) for _, _, kernel, regions in lt.drain() if "nccl" in kernel.lower()]
+    return {"region": region, "value_ok": bool((x == dist.get_world_size()).all().item()),
+            "nccl_launches": len(launches), "kernels": sorted({k for k, _ in launches}),
+            "with_the_region": sum(1 for _, r in launches if region in r),
+            "regions_seen": sorted({r for _, rs in launches for r in rs})[:16]}
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+
+    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    device = torch.device("cuda", local)
+    out = {"rank": rank, "side": args.side, "case": args.case}
+    ls = None
+    if args.side == "layerswap":
+        import layerswap
+        if not layerswap.is_enabled():
+            raise RuntimeError("LAYERSWAP_BUDGET is set but `import torch` did not enable layerswap")
+        ls = layerswap
+        out["layerswap_config"] = dict(layerswap.config())
+    sys.path.insert(0, str(HERE))
+    import swap_models as sm
+
+    cfg = sm.RunConfig(case=args.case, steps=args.steps, warmup=min(3, args.steps), seq=args.seq, quick=args.quick)
+    sm.make_deterministic(cfg.seed)
+    dist.init_process_group("nccl", device_id=device)
+    built = sm.build_case(cfg)  # the same seed on every rank: the same weights (DDP broadcasts rank 0's too)
+    size = cfg.llama_size()
+    batches = sm.sample.make_batches(size.vocab, cfg.batch, cfg.seq, cfg.steps, cfg.seed + 1000 * (rank + 1))
+    model = torch.nn.parallel.DistributedDataParallel(built.model, device_ids=[local])
+    meter = sm.TransientMeter(built.model, built.optimizer, device) if args.side == "resident" else None
+    losses, times = [], []
+    before = None
+    for step, batch in enumerate(batches):
+        if step == cfg.warmup and ls is not None:
+            before = ls.stats(local)
+        if meter is not None and step == cfg.warmup:
+            meter.remove()
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        if meter is not None and step < cfg.warmup:
+            meter.begin_step()
+        with sm.attention_backends():
+            loss = built.loss(model, batch, device)
+        loss.backward()
+        built.optimizer.step()
+        built.optimizer.zero_grad(set_to_none=True)
+        if meter is not None and step < cfg.warmup:
+            meter.end_step()
+        losses.append(float(loss.item()).hex())
+        torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+        if step == 0:
+            out["cublas_config"] = sm.drop_cublas_config(device)
+    out["losses_hex"] = losses
+    out["step_times_s"] = times
+    out["params_sha256"] = param_digest(built.model)
+    movable = sum(sm.tensor_bytes(p) for p in built.model.parameters() if p.requires_grad) * 2 + sum(
+        sm.tensor_bytes(p) for p in built.model.parameters() if not p.requires_grad) + sum(
+        sm.tensor_bytes(v) for st in built.optimizer.state.values() for k, v in st.items()
+        if k != "step" and torch.is_tensor(v))
+    out["movable_bytes"] = movable
+    if meter is not None:
+        out["transient_bytes"] = meter.peak_transient
+        out["peak_allocated_bytes"] = meter.peak_allocated
+    if ls is not None:
+        after = ls.stats(local)
+        steps = max(1, cfg.steps - cfg.warmup)
+        res_before, res_after = before.get("residency", {}), after.get("residency", {})
+        out["layerswap"] = {k: (res_after[k] - res_before.get(k, 0)) / steps for k in
+                            ("bytes_h2d", "bytes_d2h", "evictions", "prefetches", "abandoned", "writeback_skipped")
+                            if isinstance(res_after.get(k), (int, float))}
+        out["layerswap_peak_reserved_bytes"] = after["reserved_bytes"]["peak"]
+        out["layerswap_budget"] = after.get("budget")
+        import layerswap.tracker as lt
+        ts = lt.stats()
+        out["tracker"] = {"launches": ts.get("launches"), "undecoded_by_reason": dict(ts.get("undecoded_by_reason", {})),
+                          "no_region_families": {k: v for k, v in dict(ts.get("no_region_families", {})).items()
+                                                 if "nccl" in k.lower()}}
+        out["nccl_probe"] = nccl_probe(ls, device)
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(os.path.join(args.out_dir, f"{args.side}_{rank}.json"), "w") as f:
+        json.dump(out, f, indent=1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The parent
+# ---------------------------------------------------------------------------------------------------------
+
+def run_side(args, case, side, out_dir, budget=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERSWAP")}
+    if budget is not None:
+        env["LAYERSWAP_BUDGET"] = str(budget)
+        env["LAYERSWAP_STATS"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}",
+           str(pathlib.Path(__file__).resolve()), "--worker", "--side", side, "--case", case, "--steps",
+           str(args.steps), "--seq", str(args.seq), "--out-dir", out_dir] + (["--quick"] if args.quick else [])
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - t0
+    log = proc.stdout + proc.stderr
+    ranks = []
+    for r in range(args.gpus):
+        path = os.path.join(out_dir, f"{side}_{r}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                ranks.append(json.load(f))
+    if proc.returncode != 0 or len(ranks) != args.gpus:
+        print(log[-6000:], file=sys.stderr)
+        raise RuntimeError(f"{case} {side}: torchrun exited with {proc.returncode}, {len(ranks)} of {args.gpus} "
+                           f"ranks reported")
+    stats = [line for line in log.splitlines() if line.startswith("layerswap:")]
+    return ranks, took, stats
+
+
+def check_case(args, case, fraction, tmp):
+    sys.path.insert(0, str(HERE))
+    from swap import swap_budget
+    res_dir = tempfile.mkdtemp(dir=tmp)
+    resident, took_r, _ = run_side(args, case, "resident", res_dir)
+    r0 = resident[0]
+    plan = swap_budget(fraction, r0["movable_bytes"], r0["transient_bytes"], 256 * MIB)
+    ls_dir = tempfile.mkdtemp(dir=tmp)
+    swapped, took_l, stats = run_side(args, case, "layerswap", ls_dir, plan["budget_bytes"])
+    equal = all(a["losses_hex"] == b["losses_hex"] and a["params_sha256"] == b["params_sha256"]
+                for a, b in zip(resident, swapped))
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    warm = min(3, args.steps)
+    out = {"case": case, "budget_fraction": fraction, **plan, "bitwise_equal": equal,
+           "resident_step_s": [med(r["step_times_s"][warm:]) for r in resident],
+           "layerswap_step_s": [med(r["step_times_s"][warm:]) for r in swapped],
+           "resident_peak_allocated_bytes": r0.get("peak_allocated_bytes"),
+           "per_rank": [{"rank": s["rank"], "losses_equal": s["losses_hex"] == r["losses_hex"],
+                         "params_equal": s["params_sha256"] == r["params_sha256"],
+                         "layerswap_per_step": s.get("layerswap"), "layerswap_peak_reserved_bytes": s.get("layerswap_peak_reserved_bytes"),
+                         "tracker": s.get("tracker"), "nccl_probe": s.get("nccl_probe")}
+                        for r, s in zip(resident, swapped)],
+           "losses_hex_rank0": r0["losses_hex"], "run_s": {"resident": took_r, "layerswap": took_l},
+           "layerswap_stats_lines": stats[:60]}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--cases", default="llama-full:0.25,llama-lora:0.25")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--quick", action="store_true", help="a tiny Llama (a smoke test of the script)")
+    ap.add_argument("--out", help="write the results here (JSON)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--side", choices=("resident", "layerswap"), help=argparse.SUPPRESS)
+    ap.add_argument("--case", help=argparse.SUPPRESS)
+    ap.add_argument("--out-dir", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    if args.gpus < 2:
+        raise SystemExit("--gpus: DDP needs at least 2")
+    if args.steps < 4:
+        raise SystemExit("--steps: at least 4 (3 warm-up steps, then the timed ones)")
+    cases = parse_cases(args.cases)
+    import torch
+    visible = torch.cuda.device_count()
+    if visible < args.gpus:
+        print(f"ddp_check: {visible} GPU(s) visible, {args.gpus} needed: nothing checked")
+        return 0
+    results = {"device": torch.cuda.get_device_name(0), "gpus": args.gpus, "torch": torch.__version__,
+               "nccl": ".".join(map(str, torch.cuda.nccl.version())), "steps": args.steps, "cases": []}
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp:
+        for case, fraction in cases:
+            try:
+                c = check_case(args, case, fraction, tmp)
+            except RuntimeError as err:
+                c = {"case": case, "budget_fraction": fraction, "error": str(err), "bitwise_equal": False}
+            results["cases"].append(c)
+            failed |= not c["bitwise_equal"]
+            per = c.get("per_rank", [])
+            moved = [p["layerswap_per_step"] for p in per]
+            print(f"{case} at {fraction:g}: bitwise equal {c['bitwise_equal']}"
+                  + (f"; budget {c['budget_bytes'] / 2**30:.2f} GiB (resident peak "
+                     f"{(c['resident_peak_allocated_bytes'] or 0) / 2**30:.2f} GiB); step resident "
+                     f"{c['resident_step_s']} s, layerswap {c['layerswap_step_s']} s; per step and rank {moved}; "
+                     f"NCCL probe {[p['nccl_probe'] for p in per]}" if "error" not in c else f": {c['error']}"),
+                  flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

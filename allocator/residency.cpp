@@ -1096,12 +1096,19 @@ struct residency_engine::impl {
         m.words[0] = m.words[1] = 0;  // what the region gets if the digest never runs: the next check poisons it
       }
     }
-    for (stream_handle s : m.fence_streams) {
+    if (m.fence_streams.empty()) return;
+    const auto fence_on = [&](stream_handle s) {
       event_handle e = m.spare_fences.empty() ? port.create_event() : pop(m.spare_fences);
       m.fences.push_back(e);
       port.record(e, s);
       port.stream_wait(copy_stream, e);
-    }
+    };
+    for (stream_handle s : m.fence_streams) fence_on(s);
+    // Note [Launch streams]: and the streams known only from launches, read after the snapshot.
+    gate::for_each_stream(port.context_id(), [&](std::uint64_t id) {
+      const auto s = reinterpret_cast<stream_handle>(id);
+      if (std::find(m.fence_streams.begin(), m.fence_streams.end(), s) == m.fence_streams.end()) fence_on(s);
+    });
   }
   // The last part: after the fences and an eviction's check digest (`digesting`: one may be enqueued into the
   // region's words), the copy unless the move checks, a prefetch's digest, and `done`.
@@ -2009,6 +2016,9 @@ residency_engine::~residency_engine() {
     if (m.flags) {
       // Launches held earlier may not have read their flag yet: the program's streams first (Note [Holds]).
       for (stream_handle s : m.streams) m.port.synchronize(s);
+      gate::for_each_stream(m.port.context_id(), [&](std::uint64_t s) {  // Note [Launch streams]
+        m.port.synchronize(reinterpret_cast<stream_handle>(s));
+      });
       m.port.synchronize(m.sig);
       gate::remove_internal_stream(reinterpret_cast<std::uint64_t>(m.sig));
       m.port.destroy_stream(m.sig);

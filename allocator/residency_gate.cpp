@@ -21,6 +21,8 @@
 #include <thread>
 
 #include "runtime/fast_clock.hpp"
+#include "runtime/log.hpp"
+#include "runtime/spin.hpp"
 #include "runtime/stats.hpp"
 
 namespace layerswap::residency_gate {
@@ -377,6 +379,95 @@ void count_launch(bool missed) noexcept {
 
 launch_counts counts() noexcept {
   return {g_counted.load(), g_missed.load(std::memory_order_relaxed)};  // seq_cst: Note [Idle engine]
+}
+
+
+// ---- the program's streams (Note [Launch streams]) ----
+namespace {
+
+constexpr std::uint64_t k_claiming = ~std::uint64_t{0};  // a slot being filled: its context not yet written
+
+struct alignas(64) stream_slot {
+  std::atomic<std::uint64_t> stream{0};  // 0: free
+  std::atomic<std::uint64_t> context{0};
+  std::atomic<std::uint32_t> visitors{0};  // engines recording a fence on it now (visit_streams)
+};
+
+stream_slot g_streams[k_max_streams];
+std::atomic<std::size_t> g_streams_end{0};  // every slot ever filled is below it
+std::atomic<std::uint64_t> g_streams_epoch{0};
+std::atomic<bool> g_streams_full{false};
+
+// Frees `slot` if it holds `stream`, once no visit is on it (sequentially consistent: a visit that counted itself
+// before the free is waited for, one after it reads the freed slot). True when it held `stream`.
+bool free_slot(stream_slot& slot, std::uint64_t stream) noexcept {
+  std::uint64_t expected = stream;
+  if (!slot.stream.compare_exchange_strong(expected, 0)) return false;
+  while (slot.visitors.load() != 0) cpu_relax();
+  return true;
+}
+
+}  // namespace
+
+void note_stream(std::uint64_t stream, std::uint64_t context) noexcept {
+  if (stream == 0 || stream == k_claiming) return;
+  const std::size_t end = g_streams_end.load();
+  for (std::size_t i = 0; i < end; ++i) {
+    if (g_streams[i].stream.load() == stream && g_streams[i].context.load() == context) return;
+  }
+  for (std::size_t i = 0; i < k_max_streams; ++i) {
+    stream_slot& slot = g_streams[i];
+    std::uint64_t expected = 0;
+    if (slot.stream.load(std::memory_order_relaxed) != 0 || !slot.stream.compare_exchange_strong(expected, k_claiming)) {
+      continue;
+    }
+    slot.context.store(context);
+    slot.stream.store(stream);
+    std::size_t at = g_streams_end.load();
+    while (at < i + 1 && !g_streams_end.compare_exchange_weak(at, i + 1)) {
+    }
+    return;
+  }
+  if (!g_streams_full.exchange(true)) {
+    LAYERSWAP_LOG(warn, "more than %zu CUDA streams with launches at once: moves are not fenced on the streams beyond "
+                        "them (residency_gate.hpp, Note [Launch streams])", k_max_streams);
+  }
+}
+
+void forget_stream(std::uint64_t stream) noexcept {
+  if (stream == 0 || stream == k_claiming) return;
+  bool freed = false;
+  const std::size_t end = g_streams_end.load();
+  for (std::size_t i = 0; i < end; ++i) freed |= free_slot(g_streams[i], stream);
+  if (freed) g_streams_epoch.fetch_add(1);
+}
+
+void forget_streams() noexcept {
+  const std::size_t end = g_streams_end.load();
+  for (std::size_t i = 0; i < end; ++i) {
+    const std::uint64_t s = g_streams[i].stream.load();
+    if (s != 0 && s != k_claiming) free_slot(g_streams[i], s);
+  }
+  g_streams_epoch.fetch_add(1);
+}
+
+std::uint64_t streams_epoch() noexcept { return g_streams_epoch.load(std::memory_order_relaxed); }
+
+void visit_streams(std::uint64_t context, void (*visit)(void*, std::uint64_t), void* arg) {
+  const std::size_t end = g_streams_end.load();
+  for (std::size_t i = 0; i < end; ++i) {
+    stream_slot& slot = g_streams[i];
+    if (slot.stream.load(std::memory_order_relaxed) == 0) continue;
+    slot.visitors.fetch_add(1);
+    struct leave {
+      stream_slot& slot;
+      ~leave() { slot.visitors.fetch_sub(1); }
+    } guard{slot};
+    const std::uint64_t s = slot.stream.load();
+    if (s == 0 || s == k_claiming || slot.context.load() != context) continue;
+    if (slot.stream.load() != s) continue;  // refilled meanwhile: the context read may be the new stream's
+    visit(arg, s);
+  }
 }
 
 }  // namespace layerswap::residency_gate

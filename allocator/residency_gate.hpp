@@ -28,7 +28,9 @@
 // slices while its prefetch is in flight (Note [Waiting for a prefetch]).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "allocator/region_map.hpp"
 
@@ -178,6 +180,40 @@ inline constexpr int k_max_internal_streams = 16;
 void add_internal_stream(std::uint64_t stream) noexcept;
 void remove_internal_stream(std::uint64_t stream) noexcept;  // the engine is gone (its stream destroyed)
 [[nodiscard]] bool internal_stream(std::uint64_t stream) noexcept;
+
+// ---- the program's streams (Note [Launch streams]) ----
+// Note [Launch streams]
+//   A move's copy waits for what was enqueued before its snapshot on every stream launches may use (residency.cpp,
+//   Note [Shadow copies]). The allocator knows the streams it allocates on and the legacy stream; a stream the
+//   program launches on without allocating on it is known only from its launches: NCCL's under
+//   DistributedDataParallel (its all-reduces read and write gradient buckets allocated on the compute stream), or a
+//   side stream working on tensors from another. Unfenced, a kernel still running there could write a region while
+//   its eviction copies it, or run across its remap (DESIGN.md invariants 3 and 4).
+//   So the tracker notes the stream of every launch (once per thread and stream: a compare per launch) with the
+//   launch's context, at the launch's API-enter callback, before its API exit ends its issue in the gate; the
+//   engine reads the table at each fence, after its snapshot of the region's sequence. A launch whose exit the
+//   snapshot counted has its stream in the table; one it did not count is still issuing or comes later, and the
+//   remap refuses it anyway (Note [Gate handshake]). A stream is forgotten when the program destroys it (the
+//   tracker's callback on cuStreamDestroy runs before the driver destroys it) and when the tracker stops; a fence
+//   being recorded on it finishes first. CUDA's special handles (the legacy and per-thread default streams) are
+//   not noted: the engine fences the legacy stream, which waits for every blocking stream.
+inline constexpr std::size_t k_max_streams = 1024;
+// The tracker: a launch on `stream` (nonzero) in `context`. A full table is logged once; its streams go unfenced.
+void note_stream(std::uint64_t stream, std::uint64_t context) noexcept;
+// The tracker: `stream` is about to be destroyed (returns once no fence is being recorded on it).
+void forget_stream(std::uint64_t stream) noexcept;
+// ... every stream (the tracker stops: no launch is seen until it starts again).
+void forget_streams() noexcept;
+// Changes whenever a stream is forgotten: a tracker thread that remembers having noted a stream notes it again.
+[[nodiscard]] std::uint64_t streams_epoch() noexcept;
+// The engine: calls visit(arg, stream) for every noted stream of `context`; a stream being forgotten meanwhile
+// is destroyed only after its visit returns. An exception from visit propagates.
+void visit_streams(std::uint64_t context, void (*visit)(void*, std::uint64_t), void* arg);
+template <class F>
+void for_each_stream(std::uint64_t context, F&& f) {
+  visit_streams(context, [](void* a, std::uint64_t s) { (*static_cast<std::remove_reference_t<F>*>(a))(s); },
+                static_cast<void*>(&f));
+}
 
 // ---- the hit rate (LAYERSWAP_STATS): launches whose regions were all on the device when they were issued ----
 // The engine marks the regions whose VA is backed by host pages, and turns counting on while it can move regions.

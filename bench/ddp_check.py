@@ -190,6 +190,11 @@ def check_case(args, case, fraction, tmp):
     resident, took_r, _ = run_side(args, case, "resident", res_dir)
     r0 = resident[0]
     plan = swap_budget(fraction, r0["movable_bytes"], r0["transient_bytes"], 256 * MIB)
+    repeat_equal = None
+    if args.baseline_twice:  # is NCCL's all-reduce bitwise repeatable here? (else no comparison means anything)
+        again, _, _ = run_side(args, case, "resident", tempfile.mkdtemp(dir=tmp))
+        repeat_equal = all(a["losses_hex"] == b["losses_hex"] and a["params_sha256"] == b["params_sha256"]
+                           for a, b in zip(resident, again))
     ls_dir = tempfile.mkdtemp(dir=tmp)
     swapped, took_l, stats = run_side(args, case, "layerswap", ls_dir, plan["budget_bytes"])
     equal = all(a["losses_hex"] == b["losses_hex"] and a["params_sha256"] == b["params_sha256"]
@@ -197,6 +202,7 @@ def check_case(args, case, fraction, tmp):
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     warm = min(3, args.steps)
     out = {"case": case, "budget_fraction": fraction, **plan, "bitwise_equal": equal,
+           "resident_repeat_bitwise_equal": repeat_equal,
            "resident_step_s": [med(r["step_times_s"][warm:]) for r in resident],
            "layerswap_step_s": [med(r["step_times_s"][warm:]) for r in swapped],
            "resident_peak_allocated_bytes": r0.get("peak_allocated_bytes"),
@@ -205,7 +211,8 @@ def check_case(args, case, fraction, tmp):
                          "layerswap_per_step": s.get("layerswap"), "layerswap_peak_reserved_bytes": s.get("layerswap_peak_reserved_bytes"),
                          "tracker": s.get("tracker"), "nccl_probe": s.get("nccl_probe")}
                         for r, s in zip(resident, swapped)],
-           "losses_hex_rank0": r0["losses_hex"], "run_s": {"resident": took_r, "layerswap": took_l},
+           "losses_hex": {"resident": [r["losses_hex"] for r in resident],
+                          "layerswap": [r["losses_hex"] for r in swapped]}, "run_s": {"resident": took_r, "layerswap": took_l},
            "layerswap_stats_lines": stats[:60]}
     return out
 
@@ -217,6 +224,8 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--quick", action="store_true", help="a tiny Llama (a smoke test of the script)")
+    ap.add_argument("--baseline-twice", action="store_true",
+                    help="run the resident side twice too: is the run without layerswap bitwise repeatable?")
     ap.add_argument("--out", help="write the results here (JSON)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--side", choices=("resident", "layerswap"), help=argparse.SUPPRESS)
@@ -250,6 +259,7 @@ def main():
             per = c.get("per_rank", [])
             moved = [p["layerswap_per_step"] for p in per]
             print(f"{case} at {fraction:g}: bitwise equal {c['bitwise_equal']}"
+                  f" (resident twice: {c.get('resident_repeat_bitwise_equal')})"
                   + (f"; budget {c['budget_bytes'] / 2**30:.2f} GiB (resident peak "
                      f"{(c['resident_peak_allocated_bytes'] or 0) / 2**30:.2f} GiB); step resident "
                      f"{c['resident_step_s']} s, layerswap {c['layerswap_step_s']} s; per step and rank {moved}; "

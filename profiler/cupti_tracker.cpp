@@ -514,10 +514,20 @@ void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId c
     }
     t.nesting.runtime_enter();
     t.gate.open();
+    t.context = u64(info->context);
     on_runtime(*core, t, cbid, info);
     if (t.gate.hold_count() != 0) enqueue_holds(t);
     mark_entered(t);
   } else if (domain == CUPTI_CB_DOMAIN_DRIVER_API) {
+    if (cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy || cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy_v2) {
+      // Note [Launch streams]: forgotten before the driver destroys it (no launch of this thread is in flight).
+      if (info->callbackSite == CUPTI_API_ENTER) {
+        residency_gate::forget_stream(u64(cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy
+                                              ? params_of<cuStreamDestroy_params>(info).hStream
+                                              : params_of<cuStreamDestroy_v2_params>(info).hStream));
+      }
+      return;
+    }
     if (t.nesting.driver_is_nested()) {
       if (info->callbackSite == CUPTI_API_ENTER) core->count_nested();
       return;
@@ -528,6 +538,7 @@ void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId c
       return;
     }
     t.gate.open();
+    t.context = u64(info->context);
     on_driver(*core, t, cbid, info);
     if (t.gate.hold_count() != 0) enqueue_holds(t);
     mark_entered(t);
@@ -584,6 +595,8 @@ constexpr CUpti_CallbackId k_driver_cbids[] = {
     CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2_ptds,
     CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2,
     CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2_ptds,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy,  // Note [Launch streams]
+    CUPTI_DRIVER_TRACE_CBID_cuStreamDestroy_v2,
 };
 
 std::string result_text(const state& s, CUptiResult r) {
@@ -717,6 +730,7 @@ void unsubscribe_locked(state& s) {
   s.cupti.unsubscribe(s.subscriber);
   s.subscriber = nullptr;
   s.active.store(false);
+  residency_gate::forget_streams();  // destroys go unseen from now on (Note [Launch streams])
   s.core->stop_consumer();
   s.core->consume();
 }

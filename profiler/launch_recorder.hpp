@@ -45,6 +45,9 @@ struct residency_gate_calls {
 struct thread_scratch {
   std::uint32_t generation = 0;  // the subscription this thread's nesting and gate frames belong to
   std::uint64_t stream = 0;      // the stream of the launch being recorded (where its holds' waits go)
+  std::uint64_t context = 0;     // ... and its context (the callback's)
+  std::uint64_t noted_stream = 0;  // the stream this thread last noted in the gate (Note [Launch streams]) ...
+  std::uint64_t noted_epoch = 0;   // ... at this epoch of the gate's forgotten streams
   std::uint64_t api_start = 0;   // fast_clock::ticks() when the kernel launch in flight was recorded (0: none)
   std::uint64_t api_entered = 0; // ... and when its entry callback returned (the gate entered, holds enqueued)
   std::uint8_t engine_at_entry = 0;  // LAYERSWAP_TRACK=attribute: the engine's driver call then (driver_calls)
@@ -66,6 +69,18 @@ inline region_id lookup_into_gate(std::uint64_t address) noexcept {
 
 inline void add_pointer(region_set& set, std::uint64_t address) noexcept {
   if (const region_id id = region_map::lookup(address)) set.add(id);
+}
+
+// Note [Launch streams] (residency_gate.hpp): the launch's stream, for the residency engine's fences; once per
+// thread, stream and epoch of forgotten streams, so a compare per launch. CUDA's special handles (0, 1
+// CU_STREAM_LEGACY, 2 CU_STREAM_PER_THREAD) are not noted: the engine fences the legacy stream.
+inline void note_stream(thread_scratch& t, std::uint64_t stream) noexcept {
+  if (stream <= 2) return;
+  const std::uint64_t epoch = residency_gate::streams_epoch();
+  if (stream == t.noted_stream && epoch == t.noted_epoch) return;
+  residency_gate::note_stream(stream, t.context);
+  t.noted_stream = stream;
+  t.noted_epoch = epoch;
 }
 
 // The hit rate, while a residency engine counts it: was one of the launch's regions backed by host pages when
@@ -94,6 +109,7 @@ inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn 
   region_set& regions = t.regions;
   regions.clear();
   t.stream = stream;
+  detail::note_stream(t, stream);
   undecoded_reason reason = undecoded_reason::none;
   std::uint64_t query_context = 0;  // scratch for the query function (driver_query keeps a flag in it)
   const layout_lookup found = core.layouts().find_or_add(function, name, query, &query_context, t.params);
@@ -131,6 +147,7 @@ inline void record_copy(tracker_core& core, thread_scratch& t, launch_kind kind,
   region_set& regions = t.regions;
   regions.clear();
   t.stream = stream;
+  detail::note_stream(t, stream);
   t.gate.no_holds();  // the driver reads a copy's pointers in the call (launch_gate.hpp, Note [Held regions])
   detail::add_pointer(regions, dst);
   if (src != 0) detail::add_pointer(regions, src);
@@ -141,6 +158,7 @@ inline void record_copy(tracker_core& core, thread_scratch& t, launch_kind kind,
 
 // A graph launch: counted, its nodes' arguments are not visible.
 inline void record_graph(tracker_core& core, thread_scratch& t, std::uint64_t stream) noexcept {
+  detail::note_stream(t, stream);
   t.regions.clear();
   t.gate.add(residency_gate::k_unknown_region);  // its kernels' arguments are not visible
   core.record(launch_kind::graph, stream, 0, undecoded_reason::graph, t.regions);

@@ -352,6 +352,7 @@ class cuda_driver final : public driver {
   cuda_driver& operator=(const cuda_driver&) = delete;
 
   [[nodiscard]] int device() const noexcept override { return device_; }
+  [[nodiscard]] std::uint64_t context_id() const noexcept override { return reinterpret_cast<std::uint64_t>(primary_); }
   [[nodiscard]] std::size_t granularity() override { return granularity_; }
   [[nodiscard]] std::size_t total_memory() override { return total_; }
 

@@ -41,6 +41,8 @@ class driver {
 
   // The device this port speaks for (CUDA ordinal).
   [[nodiscard]] virtual int device() const noexcept = 0;
+  // The context its streams and events belong to, as the launch tracker sees launches' contexts (CUcontext).
+  [[nodiscard]] virtual std::uint64_t context_id() const noexcept = 0;
   // VMM mapping granularity for device memory (2 MiB on the H100).
   [[nodiscard]] virtual std::size_t granularity() = 0;
   // Total and currently free device memory, bytes.

@@ -700,6 +700,7 @@ sim_driver::sim_driver(sim_options options) : impl_(std::make_unique<impl>(optio
 sim_driver::~sim_driver() = default;
 
 int sim_driver::device() const noexcept { return impl_->device; }
+std::uint64_t sim_driver::context_id() const noexcept { return reinterpret_cast<std::uint64_t>(impl_.get()); }
 std::size_t sim_driver::granularity() { return impl_->granularity; }
 
 std::size_t sim_driver::total_memory() {

@@ -54,6 +54,7 @@ class sim_driver final : public driver {
 
   // ---- driver ----
   [[nodiscard]] int device() const noexcept override;
+  [[nodiscard]] std::uint64_t context_id() const noexcept override;  // distinct per simulated device
   [[nodiscard]] std::size_t granularity() override;
   [[nodiscard]] std::size_t total_memory() override;
   [[nodiscard]] std::size_t free_memory() override;

@@ -16,6 +16,7 @@
 
 #include "allocator/region_map.hpp"
 #include "allocator/registry.hpp"
+#include "allocator/residency_gate.hpp"
 #include "profiler/tracker.hpp"
 #include "runtime/cuda_driver.hpp"
 
@@ -88,6 +89,29 @@ TEST_P(TrackerGpuApi, CopiesThroughTheDriverAreTracked) {
     }
   }
   EXPECT_TRUE(found) << events.size() << " events, none a memcpy touching both regions";
+}
+
+// Note [Launch streams]: a stream the tracker saw a launch on is in the residency gate's table under the launch's
+// context, the one the allocator's driver port speaks for, until the program destroys it.
+TEST_P(TrackerGpuApi, LaunchStreamsAreNotedUntilDestroyed) {
+  void* a = allocate(8 << 20);
+  void* b = allocate(8 << 20);
+  driver& port = alloc_->port();
+  const stream_handle s = port.create_stream();
+  const auto noted = [&] {
+    bool found = false;
+    residency_gate::for_each_stream(port.context_id(), [&](std::uint64_t id) {
+      found = found || id == reinterpret_cast<std::uint64_t>(s);
+    });
+    return found;
+  };
+  EXPECT_FALSE(noted());
+  port.copy_async(reinterpret_cast<device_ptr>(a), reinterpret_cast<device_ptr>(b), 4096, s);
+  port.synchronize(s);
+  EXPECT_TRUE(noted()) << "a copy on a stream of its own did not note the stream";
+  port.destroy_stream(s);
+  EXPECT_FALSE(noted()) << "a destroyed stream is still noted";
+  (void)drain();
 }
 
 #if LAYERSWAP_TEST_KERNELS

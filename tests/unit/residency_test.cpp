@@ -174,6 +174,9 @@ struct harness {
     const stream_handle streams[] = {s1, s2};
     alloc.set_streams(streams);
   }
+  ~harness() { gate::forget_streams(); }  // the streams its launches noted (the next simulated device reuses ids)
+  harness(const harness&) = delete;
+  harness& operator=(const harness&) = delete;
   static sim_options make_sim(bool eager, bool digests) {
     sim_options o;
     o.digest = digests;
@@ -215,6 +218,7 @@ struct harness {
     }
     bool missed = false;
     for (region_id id : ids) missed |= gate::enter(id);
+    gate::note_stream(reinterpret_cast<std::uint64_t>(s), sim.context_id());  // as the tracker does (Note [Launch streams])
     if (!ids.empty() && gate::counting()) gate::count_launch(missed);  // as the tracker counts (the hit rate)
     sim.launch(s, acc);
     const std::uint64_t n = ++launch_no;
@@ -234,6 +238,7 @@ struct harness {
       ids.emplace_back(id, held);
     }
     for (const residency_gate::hold& hd : holds) sim.stream_wait_value(s, hd.flag, hd.value);
+    gate::note_stream(reinterpret_cast<std::uint64_t>(s), sim.context_id());
     sim.launch(s, acc);
     const std::uint64_t n = ++launch_no;
     for (auto [id, held] : ids) {
@@ -566,6 +571,7 @@ class faulty_driver final : public driver {
   std::function<void(std::size_t, memory_location)> on_create;  // before each create
   std::function<void(phys_handle)> on_release;                   // before each release
   [[nodiscard]] int device() const noexcept override { return sim_.device(); }
+  [[nodiscard]] std::uint64_t context_id() const noexcept override { return sim_.context_id(); }
   [[nodiscard]] std::size_t granularity() override { return sim_.granularity(); }
   [[nodiscard]] std::size_t total_memory() override { return sim_.total_memory(); }
   [[nodiscard]] std::size_t free_memory() override { return sim_.free_memory(); }
@@ -1003,6 +1009,32 @@ TEST(Residency, WriteDuringEvictionCopyAbandonsTheMove) {
   h.alloc.residency_tick();
   EXPECT_EQ(h.alloc.residency_of(a), region_residency::host);
   EXPECT_TRUE(h.holds(a, 4 * MiB, 0x33));
+  h.expect_clean();
+}
+
+// Note [Launch streams]: a stream the program launches on but never allocates on (NCCL's under
+// DistributedDataParallel) is fenced too: the eviction's copy waits for a write queued there before it, and the
+// remap comes after it (unfenced, the copy took the old bytes and the remap ran under the pending write).
+TEST(Residency, EvictionWaitsForAStreamKnownOnlyFromItsLaunches) {
+  harness h(64 * MiB);
+  void* a = h.written(4 * MiB, 0x11);
+  const stream_handle s3 = h.sim.create_stream();    // no allocation on it, not given to set_streams
+  const std::uint64_t running = h.sim.launch_gate(s3);  // a kernel still running there...
+  h.write(s3, a, 4 * MiB, 0x55);                        // ... ahead of a write to `a`
+  ASSERT_TRUE(h.alloc.request_evict(a));
+  h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::moving_out);  // its copy waits for s3
+  h.sim.open_gate(running);
+  h.alloc.residency_tick();
+  EXPECT_EQ(h.alloc.residency_of(a), region_residency::host);
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 0x55));
+  h.expect_clean();
+  // Destroyed, it is forgotten: the next moves do not fence it (a fence on it would be an invalid handle).
+  gate::forget_stream(reinterpret_cast<std::uint64_t>(s3));
+  h.sim.destroy_stream(s3);
+  h.come_back(a);
+  h.go_out(a);
+  EXPECT_TRUE(h.holds(a, 4 * MiB, 0x55));
   h.expect_clean();
 }
 
@@ -2232,6 +2264,63 @@ TEST(ResidencyGate, EngineCopyStreamsAreInternal) {
 
 // Note [Unknown launches]: a launch whose arguments were not read may touch any region, so it blocks every
 // remap while it is issued, abandons every move it overlaps, and waits while any remap is in progress.
+// Note [Launch streams]: the streams known from launches, by context, until forgotten; a stream being destroyed
+// waits for a fence being recorded on it.
+TEST(ResidencyGate, LaunchStreamsAreVisitedByContextUntilForgotten) {
+  gate::forget_streams();
+  const auto seen = [](std::uint64_t context) {
+    std::vector<std::uint64_t> out;
+    gate::for_each_stream(context, [&](std::uint64_t s) { out.push_back(s); });
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  using list = std::vector<std::uint64_t>;
+  const std::uint64_t epoch = gate::streams_epoch();
+  gate::note_stream(0x100, 7);
+  gate::note_stream(0x100, 7);  // once
+  gate::note_stream(0x200, 7);
+  gate::note_stream(0x300, 8);  // another context's
+  gate::note_stream(0, 7);      // the legacy stream: the engine always fences it
+  EXPECT_EQ(seen(7), (list{0x100, 0x200}));
+  EXPECT_EQ(seen(8), (list{0x300}));
+  gate::forget_stream(0x100);
+  EXPECT_NE(gate::streams_epoch(), epoch);  // threads that noted it note again
+  EXPECT_EQ(seen(7), (list{0x200}));
+  gate::note_stream(0x400, 7);
+  EXPECT_EQ(seen(7), (list{0x200, 0x400}));
+
+  std::atomic<bool> inside{false};
+  std::atomic<bool> release{false};
+  std::atomic<bool> forgotten{false};
+  std::thread engine([&] {
+    gate::for_each_stream(7, [&](std::uint64_t s) {
+      if (s != 0x200) return;
+      inside = true;
+      while (!release) std::this_thread::yield();
+    });
+  });
+  while (!inside) std::this_thread::yield();
+  std::thread destroyer([&] {
+    gate::forget_stream(0x200);
+    forgotten = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(forgotten);  // the fence on it is still being recorded
+  release = true;
+  engine.join();
+  destroyer.join();
+  EXPECT_TRUE(forgotten);
+  EXPECT_EQ(seen(7), (list{0x400}));
+
+  // A full table takes no more (and says so once); forgetting every stream empties it.
+  for (std::uint64_t s = 1; s <= gate::k_max_streams + 1; ++s) gate::note_stream(0x10000 + s, 9);
+  EXPECT_EQ(seen(9).size(), gate::k_max_streams - 2);  // 0x300 and 0x400 hold two slots
+  gate::forget_streams();
+  EXPECT_TRUE(seen(7).empty());
+  EXPECT_TRUE(seen(8).empty());
+  EXPECT_TRUE(seen(9).empty());
+}
+
 TEST(ResidencyGate, UnknownLaunchesBlockEveryRemap) {
   const region_id id = region_map::next_region_id();
   residency_gate::prepare(id);

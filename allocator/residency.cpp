@@ -2064,13 +2064,23 @@ void residency_engine::start() {
       if (e.stopping) break;
       e.woken = false;
       lock.unlock();
+      const auto log_once = [&](const char* what) {
+        if (e.error_logged) return;  // once: the engine keeps going, the next round may succeed
+        e.error_logged = true;
+        LAYERSWAP_LOG(warn, "residency engine: %s (further errors are not logged)", what);
+      };
       try {
         tick();
-      } catch (const std::exception& ex) {
-        if (!e.error_logged) {  // once: the engine keeps going, the next round may succeed
-          e.error_logged = true;
-          LAYERSWAP_LOG(warn, "residency engine: %s (further errors are not logged)", ex.what());
+      } catch (const cuda_error& ex) {
+        // Note [Driver shut down]: at process exit the driver can be deinitialized while this thread still runs
+        // (torchrun's workers exit so): nothing can move any more, and there is nothing to report.
+        if (ex.code() == k_cuda_deinitialized) {
+          LAYERSWAP_LOG(debug, "residency engine: the CUDA driver has shut down; the migration thread stops");
+          break;
         }
+        log_once(ex.what());
+      } catch (const std::exception& ex) {
+        log_once(ex.what());
       }
       const std::uint64_t now_launches = gate::counts().launches;
       const bool idle = e.quiet.load(std::memory_order_relaxed) && now_launches == launches && gate::waiting() == 0;

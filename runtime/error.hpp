@@ -29,6 +29,9 @@ class cuda_error : public error {
   int code_;
 };
 
+// CUDA_ERROR_DEINITIALIZED: the driver is shutting down (at process exit); no call can succeed any more.
+inline constexpr int k_cuda_deinitialized = 4;
+
 // The driver could not create physical memory (CUDA_ERROR_OUT_OF_MEMORY). Internal: the allocator frees
 // its cache and retries before it gives up with out_of_memory.
 class device_out_of_memory : public cuda_error {

@@ -567,6 +567,7 @@ class faulty_driver final : public driver {
   int fail_copies = 0;
   int fail_releases = 0;  // release() throws while positive
   int fail_digests = 0;   // digest_async and digest_many_async throw while positive
+  std::atomic<int> query_error{0};  // query() throws cuda_error with this code while nonzero
   std::function<void()> on_stream_wait;  // before each stream_wait (may throw)
   std::function<void(std::size_t, memory_location)> on_create;  // before each create
   std::function<void(phys_handle)> on_release;                   // before each release
@@ -598,7 +599,10 @@ class faulty_driver final : public driver {
   [[nodiscard]] event_handle create_event() override { return sim_.create_event(); }
   void destroy_event(event_handle e) override { sim_.destroy_event(e); }
   void record(event_handle e, stream_handle s) override { sim_.record(e, s); }
-  [[nodiscard]] bool query(event_handle e) override { return sim_.query(e); }
+  [[nodiscard]] bool query(event_handle e) override {
+    if (const int code = query_error.load()) throw cuda_error(code, "faulty_driver: query failed on purpose");
+    return sim_.query(e);
+  }
   void wait(event_handle e) override { sim_.wait(e); }
   void stream_wait(stream_handle s, event_handle e) override {
     if (on_stream_wait) on_stream_wait();
@@ -636,6 +640,30 @@ class faulty_driver final : public driver {
   }
   sim_driver& sim_;
 };
+
+// Note [Driver shut down]: at process exit the CUDA driver can be deinitialized while the migration thread still
+// runs; the thread then stops without a warning (any other driver error is reported, once).
+TEST(Residency, TheMigrationThreadStopsQuietlyWhenTheDriverShutsDown) {
+  for (const int code : {k_cuda_deinitialized, 999}) {
+    sim_driver sim(harness::make_sim(/*eager=*/false, true));
+    faulty_driver port(sim);
+    caching_allocator alloc(port, harness::make_options(64 * MiB, /*thread=*/true, true, true));
+    void* a = alloc.allocate(4 * MiB, nullptr);
+    ASSERT_TRUE(alloc.request_evict(a));  // its copy pending: the thread polls its event
+    testing::internal::CaptureStderr();
+    port.query_error = code;
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    port.query_error = 0;
+    const std::string err = testing::internal::GetCapturedStderr();
+    if (code == k_cuda_deinitialized) {
+      EXPECT_EQ(err.find("residency engine"), std::string::npos) << err;
+    } else {
+      EXPECT_NE(err.find("residency engine: faulty_driver: query failed on purpose"), std::string::npos) << err;
+    }
+    sim.run_all();
+    alloc.deallocate(a);
+  }
+}
 
 // A prefetch whose copy fails to start is undone: the region stays on the host with its bytes, and is never remapped
 // to device pages the copy did not fill.

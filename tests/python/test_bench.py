@@ -1,8 +1,8 @@
 """The benchmark harnesses' own logic (no GPU): bench/swap.py's self-test (budgets, the Belady bound, the resident
 rerun, the peers' bookkeeping, on a fake runner), bench/stack_top.py's and bench/swap_stats.py's, the training loop's
 per-thread CPU accounting, step phases and CUBLAS_WORKSPACE_CONFIG rule, bench/tracker.py's interleaved estimate,
-bench/launch_hook_probe.py's shim on a fake driver and runtime, and the perf reports (bench/perf_report.py,
-bench/perf_sides.py)."""
+bench/launch_hook_probe.py's shim on a fake driver and runtime, the perf reports (bench/perf_report.py,
+bench/perf_sides.py), and bench/ddp_check.py's arguments."""
 import pathlib
 import subprocess
 import sys
@@ -156,3 +156,25 @@ def test_perf_report_and_sides(tmp_path):
     text = out.getvalue()
     assert "== main: resident 0.5, layerswap 0.25 1.0" in text, text  # 6 ms over 6 steps; 3 ms over 6
     assert "region_map::lookup" in text
+
+
+def test_ddp_check_arguments():
+    """bench/ddp_check.py: bad cases and GPU counts are refused with the form they should take; on a machine with
+    fewer GPUs than asked it says so and checks nothing (exit 0); its case parser reads model:fraction lists."""
+    def run(*args):
+        return subprocess.run([sys.executable, str(BENCH / "ddp_check.py"), *args], capture_output=True, text=True,
+                              timeout=300)
+
+    r = run("--cases", "unet:0.25")
+    assert r.returncode != 0 and "llama-full:F or llama-lora:F" in r.stderr, r.stderr
+    r = run("--cases", "llama-full:1.5")
+    assert r.returncode != 0 and "must be in (0, 1]" in r.stderr, r.stderr
+    r = run("--gpus", "1")
+    assert r.returncode != 0 and "at least 2" in r.stderr, r.stderr
+    sys.path.insert(0, str(BENCH))
+    import ddp_check
+
+    assert ddp_check.parse_cases("llama-full:0.25, llama-lora:0.5") == [("llama-full", 0.25), ("llama-lora", 0.5)]
+    if pytest.importorskip("torch").cuda.device_count() < 2:
+        r = run("--gpus", "2", "--steps", "4")
+        assert r.returncode == 0 and "nothing checked" in r.stdout, r.stdout + r.stderr

@@ -1947,6 +1947,7 @@ struct live_alloc {
   std::size_t bytes = 0;
   stream_handle home = nullptr;
   int value = -1;  // last value written (in the home stream's order); -1: never written
+  event_handle side_write = nullptr;  // recorded after its last write on the side stream (stress, Note [Launch streams])
 };
 
 enum class forecast_mode { right, wrong, absent };
@@ -1989,6 +1990,14 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   } restore_composites;
   harness h(budget, eager, thread, true, true, true, oversize, cache_auto);
   stream_handle streams[] = {h.s1, one_stream ? h.s1 : h.s2, one_stream ? h.s1 : nullptr};
+  // Note [Launch streams]: a stream the allocator never allocates on and is never told of, only launched on, as
+  // NCCL's under DistributedDataParallel: it waits for the allocation's stream, writes the allocation in place (a
+  // gradient bucket's all-reduce), and is waited for only by the next write of that allocation, whichever stream
+  // it is on; record_stream keeps the allocation's memory from reuse meanwhile, as PyTorch's NCCL process group does.
+  const stream_handle side = h.sim.create_stream();
+  const event_handle to_side = h.sim.create_event();
+  std::vector<event_handle> side_events;  // destroyed at the end (a wait on one may still be pending until then)
+  std::mt19937 side_rng(seed);  // apart, so that the traces of `rng` stay those the seeds were chosen for
   if (mode != forecast_mode::absent) h.alloc.set_forecast_source(&f);
   std::vector<live_alloc> live;
   std::vector<std::size_t> plan;  // indices into `live` of the next launches (the "right" forecast)
@@ -2065,7 +2074,18 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
       const auto v = static_cast<std::uint8_t>(1 + pick(250));
       std::vector<sim_access> acc{{reinterpret_cast<device_ptr>(target.p), target.bytes, true, v}};
       target.value = v;
-      launch(target.home, acc);
+      if (!one_stream && side_rng() % 6 == 0) {  // on the side stream
+        if (target.side_write) h.sim.stream_wait(side, target.side_write);  // (in its own order anyway)
+        h.sim.record(to_side, target.home);
+        h.sim.stream_wait(side, to_side);
+        launch(side, acc);
+        h.alloc.record_stream(target.p, side);
+        target.side_write = side_events.emplace_back(h.sim.create_event());
+        h.sim.record(target.side_write, side);
+      } else {
+        if (target.side_write) h.sim.stream_wait(target.home, target.side_write);
+        launch(target.home, acc);
+      }
       for (int k = 0; k < 2; ++k) {
         const live_alloc& r = live[pick(live.size())];
         if (r.p == target.p) continue;
@@ -2087,7 +2107,8 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
       const live_alloc& l = live[pick(live.size())];
       if (pick(2)) (void)h.alloc.request_evict(l.p); else (void)h.alloc.request_prefetch(l.p);
     } else if (op < 97) {
-      if (!eager) (void)h.sim.run_one(streams[pick(3)]);
+      const stream_handle s = streams[pick(3)];
+      if (!eager) (void)h.sim.run_one(!one_stream && side_rng() % 4 == 0 ? side : s);
     } else {
       check_contents();
     }
@@ -2105,6 +2126,8 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   h.alloc.empty_cache();
   EXPECT_TRUE(h.sim.violations().empty());
   h.alloc.verify();
+  h.sim.destroy_event(to_side);
+  for (event_handle e : side_events) h.sim.destroy_event(e);
   (void)ooms;
   out = h.alloc.residency();
   reuses = h.alloc.stats().num_oversize_reuses;

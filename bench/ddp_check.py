@@ -53,7 +53,7 @@ def param_digest(model):
     return h.hexdigest()
 
 
-def nccl_probe(ls, device):
+def nccl_probe(device):
     """One all-reduce of a fresh 64 MiB tensor, and what the tracker recorded of its kernel launches."""
     import torch
     import torch.distributed as dist
@@ -146,7 +146,7 @@ def worker(args):
         out["tracker"] = {"launches": ts.get("launches"), "undecoded_by_reason": dict(ts.get("undecoded_by_reason", {})),
                           "no_region_families": {k: v for k, v in dict(ts.get("no_region_families", {})).items()
                                                  if "nccl" in k.lower()}}
-        out["nccl_probe"] = nccl_probe(ls, device)
+        out["nccl_probe"] = nccl_probe(device)
     dist.barrier()
     dist.destroy_process_group()
     with open(os.path.join(args.out_dir, f"{args.side}_{rank}.json"), "w") as f:

@@ -124,11 +124,9 @@ def worker(args):
     out["losses_hex"] = losses
     out["step_times_s"] = times
     out["params_sha256"] = param_digest(built.model)
-    movable = sum(sm.tensor_bytes(p) for p in built.model.parameters() if p.requires_grad) * 2 + sum(
-        sm.tensor_bytes(p) for p in built.model.parameters() if not p.requires_grad) + sum(
-        sm.tensor_bytes(v) for st in built.optimizer.state.values() for k, v in st.items()
-        if k != "step" and torch.is_tensor(v))
-    out["movable_bytes"] = movable
+    # The movable bytes as bench/swap.py counts them (the same budget rule): parameters, gradients, optimizer state.
+    out["movable_bytes"] = sum(g["frozen_bytes"] + g["trainable_bytes"] + g["grad_bytes"] + g["state_bytes"]
+                               for g in sm.group_accounting(built))
     if meter is not None:
         out["transient_bytes"] = meter.peak_transient
         out["peak_allocated_bytes"] = meter.peak_allocated

@@ -381,7 +381,6 @@ launch_counts counts() noexcept {
   return {g_counted.load(), g_missed.load(std::memory_order_relaxed)};  // seq_cst: Note [Idle engine]
 }
 
-
 // ---- the program's streams (Note [Launch streams]) ----
 namespace {
 

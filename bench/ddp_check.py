@@ -10,6 +10,12 @@ all-reduce of a fresh tensor after training, and whether its kernel's decoded ar
 
     python3 bench/ddp_check.py [--gpus 2] [--cases llama-full:0.25,llama-lora:0.25] [--steps 12] [--out F.json]
 
+A case is model:fraction[:wrap]. The wrap is how the model is made data-parallel: `ddp` (the default),
+DistributedDataParallel as most scripts call it; `ddp-views`, the same with gradient_as_bucket_view=True (the
+gradients are views into DDP's buckets instead of a second copy of them); `fsdp`, FSDP2's fully_shard on each
+decoder layer and on the model (each rank holds its shard of the parameters, gradients and optimizer state, and
+all-gathers a layer's parameters around its use).
+
 Needs 2+ GPUs; with fewer it says so and exits with status 0 (nothing checked). Exit status 1 when a case's
 results differ.
 """
@@ -27,16 +33,27 @@ HERE = pathlib.Path(__file__).resolve().parent
 MIB = 1 << 20
 
 
+WRAPS = ("ddp", "ddp-views", "fsdp")
+
+
 def parse_cases(text):
+    """"model:F[:wrap],..." -> [(model, F, wrap)]; the wrap is one of WRAPS, `ddp` when left out."""
     cases = []
     for item in text.split(","):
-        name, _, fraction = item.strip().partition(":")
-        if name not in ("llama-full", "llama-lora") or not fraction:
-            raise SystemExit(f"--cases: {item!r} is not llama-full:F or llama-lora:F (F a fraction such as 0.25)")
-        f = float(fraction)
+        name, fraction, wrap = (item.strip().split(":") + ["", ""])[:3]
+        if name not in ("llama-full", "llama-lora") or not fraction or item.count(":") > 2:
+            raise SystemExit(f"--cases: {item!r} is not llama-full:F[:WRAP] or llama-lora:F[:WRAP] (F a fraction "
+                             f"such as 0.25, WRAP one of {', '.join(WRAPS)})")
+        try:
+            f = float(fraction)
+        except ValueError:
+            raise SystemExit(f"--cases: the fraction of {item!r} is not a number") from None
         if not 0 < f <= 1:
             raise SystemExit(f"--cases: the fraction of {item!r} must be in (0, 1]")
-        cases.append((name, f))
+        wrap = wrap or "ddp"
+        if wrap not in WRAPS:
+            raise SystemExit(f"--cases: the wrap of {item!r} is not one of {', '.join(WRAPS)}")
+        cases.append((name, f, wrap))
     return cases
 
 
@@ -45,10 +62,12 @@ def parse_cases(text):
 # ---------------------------------------------------------------------------------------------------------
 
 def param_digest(model):
-    """sha256 of every parameter's bytes, in the model's order (the final weights, bit for bit)."""
+    """sha256 of every parameter's bytes, in the model's order (the final weights, bit for bit; under FSDP the
+    rank's shards)."""
     import torch
     h = hashlib.sha256()
     for p in model.parameters():
+        p = p.to_local() if hasattr(p, "to_local") else p  # FSDP2: this rank's shard
         h.update(p.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()
 
@@ -79,7 +98,7 @@ def worker(args):
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
-    out = {"rank": rank, "side": args.side, "case": args.case}
+    out = {"rank": rank, "side": args.side, "case": args.case, "wrap": args.wrap}
     ls = None
     if args.side == "layerswap":
         import layerswap
@@ -89,6 +108,7 @@ def worker(args):
         out["layerswap_config"] = dict(layerswap.config())
     sys.path.insert(0, str(HERE))
     import swap_models as sm
+    from swap import layerswap_traffic, ls_snapshot
 
     cfg = sm.RunConfig(case=args.case, steps=args.steps, warmup=min(3, args.steps), seq=args.seq, quick=args.quick)
     sm.make_deterministic(cfg.seed)
@@ -96,13 +116,27 @@ def worker(args):
     built = sm.build_case(cfg)  # the same seed on every rank: the same weights (DDP broadcasts rank 0's too)
     size = cfg.llama_size()
     batches = sm.sample.make_batches(size.vocab, cfg.batch, cfg.seq, cfg.steps, cfg.seed + 1000 * (rank + 1))
-    model = torch.nn.parallel.DistributedDataParallel(built.model, device_ids=[local])
+    if args.wrap == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+        for block in built.blocks:
+            fully_shard(block)
+        model = fully_shard(built.model)
+        # The optimizer over the sharded parameters (DTensors), built as swap_models.build_case builds it.
+        trainable = [p for p in built.model.parameters() if p.requires_grad]
+        if args.case == "llama-lora":
+            built.optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0,
+                                                foreach=True)
+        else:
+            built.optimizer, _ = sm.full_adamw(trainable, cfg, (0.9, 0.95))
+    else:
+        model = torch.nn.parallel.DistributedDataParallel(built.model, device_ids=[local],
+                                                          gradient_as_bucket_view=args.wrap == "ddp-views")
     meter = sm.TransientMeter(built.model, built.optimizer, device) if args.side == "resident" else None
     losses, times = [], []
     before = None
     for step, batch in enumerate(batches):
         if step == cfg.warmup and ls is not None:
-            before = ls.stats(local)
+            before = ls_snapshot(ls, local)
         if meter is not None and step == cfg.warmup:
             meter.remove()
         torch.cuda.synchronize(device)
@@ -131,12 +165,11 @@ def worker(args):
         out["transient_bytes"] = meter.peak_transient
         out["peak_allocated_bytes"] = meter.peak_allocated
     if ls is not None:
-        after = ls.stats(local)
-        steps = max(1, cfg.steps - cfg.warmup)
-        res_before, res_after = before.get("residency", {}), after.get("residency", {})
-        out["layerswap"] = {k: (res_after[k] - res_before.get(k, 0)) / steps for k in
-                            ("bytes_h2d", "bytes_d2h", "evictions", "prefetches", "abandoned", "writeback_skipped")
-                            if isinstance(res_after.get(k), (int, float))}
+        after = ls_snapshot(ls, local)
+        # Per timed step, as bench/swap.py reports them (bytes each way, hit rate, waits, allocator and VMM time).
+        traffic = layerswap_traffic(before, after, max(1, cfg.steps - cfg.warmup))
+        traffic.pop("sources", None)
+        out["layerswap"] = traffic
         out["layerswap_peak_reserved_bytes"] = after["reserved_bytes"]["peak"]
         out["layerswap_budget"] = after.get("budget")
         import layerswap.tracker as lt
@@ -155,13 +188,13 @@ def worker(args):
 # The parent
 # ---------------------------------------------------------------------------------------------------------
 
-def run_side(args, case, side, out_dir, budget=None):
+def run_side(args, case, wrap, side, out_dir, budget=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERSWAP")}
     if budget is not None:
         env["LAYERSWAP_BUDGET"] = str(budget)
         env["LAYERSWAP_STATS"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}",
-           str(pathlib.Path(__file__).resolve()), "--worker", "--side", side, "--case", case, "--steps",
+           str(pathlib.Path(__file__).resolve()), "--worker", "--side", side, "--case", case, "--wrap", wrap, "--steps",
            str(args.steps), "--seq", str(args.seq), "--out-dir", out_dir] + (["--quick"] if args.quick else [])
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -175,31 +208,31 @@ def run_side(args, case, side, out_dir, budget=None):
                 ranks.append(json.load(f))
     if proc.returncode != 0 or len(ranks) != args.gpus:
         print(log[-6000:], file=sys.stderr)
-        raise RuntimeError(f"{case} {side}: torchrun exited with {proc.returncode}, {len(ranks)} of {args.gpus} "
+        raise RuntimeError(f"{case} ({wrap}) {side}: torchrun exited with {proc.returncode}, {len(ranks)} of {args.gpus} "
                            f"ranks reported")
     stats = [line for line in log.splitlines() if line.startswith("layerswap:")]
     return ranks, took, stats
 
 
-def check_case(args, case, fraction, tmp):
+def check_case(args, case, fraction, wrap, tmp):
     sys.path.insert(0, str(HERE))
     from swap import swap_budget
     res_dir = tempfile.mkdtemp(dir=tmp)
-    resident, took_r, _ = run_side(args, case, "resident", res_dir)
+    resident, took_r, _ = run_side(args, case, wrap, "resident", res_dir)
     r0 = resident[0]
     plan = swap_budget(fraction, r0["movable_bytes"], r0["transient_bytes"], 256 * MIB)
     repeat_equal = None
     if args.baseline_twice:  # is NCCL's all-reduce bitwise repeatable here? (else no comparison means anything)
-        again, _, _ = run_side(args, case, "resident", tempfile.mkdtemp(dir=tmp))
+        again, _, _ = run_side(args, case, wrap, "resident", tempfile.mkdtemp(dir=tmp))
         repeat_equal = all(a["losses_hex"] == b["losses_hex"] and a["params_sha256"] == b["params_sha256"]
                            for a, b in zip(resident, again))
     ls_dir = tempfile.mkdtemp(dir=tmp)
-    swapped, took_l, stats = run_side(args, case, "layerswap", ls_dir, plan["budget_bytes"])
+    swapped, took_l, stats = run_side(args, case, wrap, "layerswap", ls_dir, plan["budget_bytes"])
     equal = all(a["losses_hex"] == b["losses_hex"] and a["params_sha256"] == b["params_sha256"]
                 for a, b in zip(resident, swapped))
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     warm = min(3, args.steps)
-    out = {"case": case, "budget_fraction": fraction, **plan, "bitwise_equal": equal,
+    out = {"case": case, "wrap": wrap, "budget_fraction": fraction, **plan, "bitwise_equal": equal,
            "resident_repeat_bitwise_equal": repeat_equal,
            "resident_step_s": [med(r["step_times_s"][warm:]) for r in resident],
            "layerswap_step_s": [med(r["step_times_s"][warm:]) for r in swapped],
@@ -228,13 +261,14 @@ def main():
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--side", choices=("resident", "layerswap"), help=argparse.SUPPRESS)
     ap.add_argument("--case", help=argparse.SUPPRESS)
+    ap.add_argument("--wrap", choices=WRAPS, default="ddp", help=argparse.SUPPRESS)
     ap.add_argument("--out-dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args)
         return 0
     if args.gpus < 2:
-        raise SystemExit("--gpus: DDP needs at least 2")
+        raise SystemExit("--gpus: data-parallel training needs at least 2")
     if args.steps < 4:
         raise SystemExit("--steps: at least 4 (3 warm-up steps, then the timed ones)")
     cases = parse_cases(args.cases)
@@ -247,16 +281,19 @@ def main():
                "nccl": ".".join(map(str, torch.cuda.nccl.version())), "steps": args.steps, "cases": []}
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
-        for case, fraction in cases:
+        for case, fraction, wrap in cases:
             try:
-                c = check_case(args, case, fraction, tmp)
+                c = check_case(args, case, fraction, wrap, tmp)
             except RuntimeError as err:
-                c = {"case": case, "budget_fraction": fraction, "error": str(err), "bitwise_equal": False}
+                c = {"case": case, "wrap": wrap, "budget_fraction": fraction, "error": str(err), "bitwise_equal": False}
             results["cases"].append(c)
             failed |= not c["bitwise_equal"]
             per = c.get("per_rank", [])
-            moved = [p["layerswap_per_step"] for p in per]
-            print(f"{case} at {fraction:g}: bitwise equal {c['bitwise_equal']}"
+            brief = ("bytes_h2d_per_step", "bytes_d2h_per_step", "hit_rate_timed", "call_s_per_step",
+                     "host_wait_s_per_step", "launch_wait_s_per_step", "remap_s_per_step")
+            moved = [{k.replace("_per_step", ""): round(v, 4) for k, v in (p["layerswap_per_step"] or {}).items()
+                      if k in brief and v is not None} for p in per]
+            print(f"{case} ({wrap}) at {fraction:g}: bitwise equal {c['bitwise_equal']}"
                   f" (resident twice: {c.get('resident_repeat_bitwise_equal')})"
                   + (f"; budget {c['budget_bytes'] / 2**30:.2f} GiB (resident peak "
                      f"{(c['resident_peak_allocated_bytes'] or 0) / 2**30:.2f} GiB); step resident "

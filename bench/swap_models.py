@@ -390,6 +390,9 @@ def build_case(cfg):
 
 
 def tensor_bytes(t):
+    """The bytes `t` holds on this process's device: a DTensor's (FSDP2's sharded parameters) local shard."""
+    if hasattr(t, "to_local"):
+        t = t.to_local()
     return t.numel() * t.element_size()
 
 

@@ -160,13 +160,17 @@ def test_perf_report_and_sides(tmp_path):
 
 def test_ddp_check_arguments():
     """bench/ddp_check.py: bad cases and GPU counts are refused with the form they should take; on a machine with
-    fewer GPUs than asked it says so and checks nothing (exit 0); its case parser reads model:fraction lists."""
+    fewer GPUs than asked it says so and checks nothing (exit 0); its case parser reads model:fraction[:wrap] lists."""
     def run(*args):
         return subprocess.run([sys.executable, str(BENCH / "ddp_check.py"), *args], capture_output=True, text=True,
                               timeout=300)
 
     r = run("--cases", "unet:0.25")
-    assert r.returncode != 0 and "llama-full:F or llama-lora:F" in r.stderr, r.stderr
+    assert r.returncode != 0 and "llama-full:F[:WRAP] or llama-lora:F[:WRAP]" in r.stderr, r.stderr
+    r = run("--cases", "llama-full:0.25:zero3")
+    assert r.returncode != 0 and "not one of ddp, ddp-views, fsdp" in r.stderr, r.stderr
+    r = run("--cases", "llama-full:quarter")
+    assert r.returncode != 0 and "is not a number" in r.stderr, r.stderr
     r = run("--cases", "llama-full:1.5")
     assert r.returncode != 0 and "must be in (0, 1]" in r.stderr, r.stderr
     r = run("--gpus", "1")
@@ -174,7 +178,8 @@ def test_ddp_check_arguments():
     sys.path.insert(0, str(BENCH))
     import ddp_check
 
-    assert ddp_check.parse_cases("llama-full:0.25, llama-lora:0.5") == [("llama-full", 0.25), ("llama-lora", 0.5)]
+    assert ddp_check.parse_cases("llama-full:0.25, llama-lora:0.5:fsdp") == [("llama-full", 0.25, "ddp"),
+                                                                              ("llama-lora", 0.5, "fsdp")]
     if pytest.importorskip("torch").cuda.device_count() < 2:
         r = run("--gpus", "2", "--steps", "4")
         assert r.returncode == 0 and "nothing checked" in r.stdout, r.stdout + r.stderr

@@ -98,6 +98,7 @@ struct cuda_api {
   decltype(&::cuFuncGetParamInfo) func_get_param_info_driver = nullptr;
   decltype(&::cuFuncLoad) func_load = nullptr;
   decltype(&::cuStreamWaitValue32) stream_wait_value = nullptr;  // holds (Note [Holding a launch on the GPU])
+  decltype(&::cuPointerGetAttribute) pointer_get_attribute = nullptr;  // host sources of copies (pointer tables)
 };
 
 struct state {
@@ -202,6 +203,7 @@ bool load_locked(state& s) {
       get("cuFuncGetParamInfo", c.func_get_param_info_driver);
       get("cuFuncLoad", c.func_load);
       get("cuStreamWaitValue32", c.stream_wait_value);
+      get("cuPointerGetAttribute", c.pointer_get_attribute);
     }
   }
   g_cuda = c;
@@ -284,6 +286,24 @@ const P& params_of(const CUpti_CallbackData* info) noexcept {
 
 std::uint64_t u64(const void* p) noexcept { return reinterpret_cast<std::uint64_t>(p); }
 
+// A copy whose direction the call does not say (cuMemcpyAsync, cudaMemcpyDefault): a small one from page-locked
+// host memory into a region is recorded by record_host_copy (Note [Pointer tables] in launch_recorder.hpp), and
+// any other as a plain copy. Only memory the driver reports as host memory is read: a device address would fault.
+void record_unified_copy(tracker_core& core, thread_scratch& t, std::uint64_t stream, std::uint64_t dst,
+                         std::uint64_t src, std::size_t bytes) noexcept {
+  const auto attribute = g_cuda.pointer_get_attribute;
+  if (attribute != nullptr && bytes <= k_max_pack_bytes && region_map::lookup(src) == 0 &&
+      region_map::lookup(dst) != 0) {
+    unsigned int type = 0;
+    if (attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, static_cast<CUdeviceptr>(src)) == CUDA_SUCCESS &&
+        type == CU_MEMORYTYPE_HOST) {
+      record_host_copy(core, t, stream, dst, reinterpret_cast<const void*>(src), bytes);
+      return;
+    }
+  }
+  record_copy(core, t, launch_kind::memcpy, stream, dst, src);
+}
+
 void on_runtime(tracker_core& core, thread_scratch& t, CUpti_CallbackId cbid, const CUpti_CallbackData* info) noexcept {
   switch (cbid) {
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000:
@@ -314,12 +334,24 @@ void on_runtime(tracker_core& core, thread_scratch& t, CUpti_CallbackId cbid, co
     case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020:
     case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000: {
       const auto& p = params_of<cudaMemcpyAsync_v3020_params>(info);
-      record_copy(core, t, launch_kind::memcpy, stream_value(p.stream), u64(p.dst), u64(p.src));
+      if (p.kind == cudaMemcpyHostToDevice) {
+        record_host_copy(core, t, stream_value(p.stream), u64(p.dst), p.src, p.count);
+      } else if (p.kind == cudaMemcpyDefault) {
+        record_unified_copy(core, t, stream_value(p.stream), u64(p.dst), u64(p.src), p.count);
+      } else {
+        record_copy(core, t, launch_kind::memcpy, stream_value(p.stream), u64(p.dst), u64(p.src));
+      }
       break;
     }
     case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020: {
       const auto& p = params_of<cudaMemcpy_v3020_params>(info);
-      record_copy(core, t, launch_kind::memcpy, 0, u64(p.dst), u64(p.src));
+      if (p.kind == cudaMemcpyHostToDevice) {
+        record_host_copy(core, t, 0, u64(p.dst), p.src, p.count);
+      } else if (p.kind == cudaMemcpyDefault) {
+        record_unified_copy(core, t, 0, u64(p.dst), u64(p.src), p.count);
+      } else {
+        record_copy(core, t, launch_kind::memcpy, 0, u64(p.dst), u64(p.src));
+      }
       break;
     }
     case CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020:
@@ -367,13 +399,13 @@ void on_driver(tracker_core& core, thread_scratch& t, CUpti_CallbackId cbid, con
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync:
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz: {
       const auto& p = params_of<cuMemcpyAsync_params>(info);
-      record_copy(core, t, launch_kind::memcpy, stream_value(p.hStream), p.dst, p.src);
+      record_unified_copy(core, t, stream_value(p.hStream), p.dst, p.src, p.ByteCount);
       break;
     }
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpy:
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpy_ptds: {
       const auto& p = params_of<cuMemcpy_params>(info);
-      record_copy(core, t, launch_kind::memcpy, 0, p.dst, p.src);
+      record_unified_copy(core, t, 0, p.dst, p.src, p.ByteCount);
       break;
     }
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2:
@@ -385,7 +417,7 @@ void on_driver(tracker_core& core, thread_scratch& t, CUpti_CallbackId cbid, con
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2:
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz: {
       const auto& p = params_of<cuMemcpyHtoDAsync_v2_params>(info);
-      record_copy(core, t, launch_kind::memcpy, stream_value(p.hStream), p.dstDevice, 0);
+      record_host_copy(core, t, stream_value(p.hStream), p.dstDevice, p.srcHost, p.ByteCount);
       break;
     }
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2:
@@ -403,7 +435,7 @@ void on_driver(tracker_core& core, thread_scratch& t, CUpti_CallbackId cbid, con
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2:
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2_ptds: {
       const auto& p = params_of<cuMemcpyHtoD_v2_params>(info);
-      record_copy(core, t, launch_kind::memcpy, 0, p.dstDevice, 0);
+      record_host_copy(core, t, 0, p.dstDevice, p.srcHost, p.ByteCount);
       break;
     }
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2:

@@ -17,6 +17,8 @@
 //   the LoRA step did not change beyond the noise (docs/history.md, session 35).
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "allocator/region_map.hpp"
@@ -40,6 +42,36 @@ struct residency_gate_calls {
   static void exit_held(region_id id, std::uint64_t launch_no) noexcept { residency_gate::exit_held(id, launch_no); }
 };
 
+// Note [Pointer tables]
+//   Some kernels reach their tensors through an array of addresses in device memory rather than through their
+//   arguments: PyTorch's split_with_sizes_copy (FSDP2's all-gather copy-out, which writes a layer's unsharded
+//   parameters) and _chunk_cat (its reduce-scatter copy-in, which reads the gradients) pack the tensors'
+//   addresses on the host, copy the pack to the device with a small host-to-device copy, and pass the pack's
+//   device address. Unseen, those tensors could be remapped under the kernel (a fault: DESIGN.md invariant 3) or
+//   moved while it writes them (a lost write: invariant 4). So the source of a small copy from host memory into a
+//   region is scanned like arguments, word by word; when it holds addresses in regions, the thread remembers them
+//   as a table: the destination range and those regions. A kernel that the same thread launches within
+//   k_table_lifetime kernels, and one of whose argument words points into a remembered range, touches the table's
+//   regions too: they enter the gate with its own and are recorded with it. A table with more regions than it
+//   holds makes such a kernel an unknown launch (Note [Unknown launches] in residency_gate.hpp).
+//   The pack and its kernel come from one operator call, so one thread's memory suffices; a pack copied by one
+//   thread and used by another's kernel is not seen, nor are addresses a kernel computes on the device (NCCL's
+//   work in its FIFO): the limits of the tracker's sight (docs/tracker.md).
+inline constexpr int k_pointer_tables = 8;           // the tables a thread remembers (the oldest is replaced)
+inline constexpr int k_table_regions = 32;           // regions a table holds
+inline constexpr std::size_t k_max_pack_bytes = 16384;  // larger host-to-device copies are data, not scanned
+inline constexpr std::uint64_t k_table_lifetime = 16;   // kernels of the thread a table applies to
+
+struct pointer_table {
+  std::uint64_t begin = 0;  // the device range the pack was copied to (bytes == 0: unused)
+  std::uint64_t bytes = 0;
+  std::uint64_t born = 0;     // the thread's kernel count when it was copied
+  region_id home = 0;         // the region of the range (a kernel not touching it is not scanned again)
+  std::uint32_t count = 0;
+  bool overflow = false;      // more regions than ids[] holds
+  region_id ids[k_table_regions]{};
+};
+
 // Ordered so that a launch with few regions touches the first few cache lines of each member: the counters
 // of the region_set and the gate come before their id arrays (about 2.3 KiB in all for such a launch).
 struct thread_scratch {
@@ -51,10 +83,14 @@ struct thread_scratch {
   std::uint64_t api_start = 0;   // fast_clock::ticks() when the kernel launch in flight was recorded (0: none)
   std::uint64_t api_entered = 0; // ... and when its entry callback returned (the gate entered, holds enqueued)
   std::uint8_t engine_at_entry = 0;  // LAYERSWAP_TRACK=attribute: the engine's driver call then (driver_calls)
+  bool table_unknown = false;        // a pointer table the kernel being recorded uses overflowed
+  std::uint32_t tables_live = 0;     // pointer tables in use (Note [Pointer tables]); 0: a compare per launch
+  std::uint64_t kernels = 0;         // kernel launches recorded on this thread (the tables' clock)
   launch_nesting nesting;
   region_set regions;
   launch_gate<residency_gate_calls> gate;
   param_slot params[k_max_params];  // only while a function's layout is queried
+  pointer_table tables[k_pointer_tables];
 };
 
 namespace detail {
@@ -69,6 +105,34 @@ inline region_id lookup_into_gate(std::uint64_t address) noexcept {
 
 inline void add_pointer(region_set& set, std::uint64_t address) noexcept {
   if (const region_id id = region_map::lookup(address)) set.add(id);
+}
+
+// Note [Pointer tables]: an argument word inside a live table's range adds the table's regions to the launch's
+// set (t_scratch.regions). Returns 0 so that the set given to the decoder is left alone.
+inline region_id lookup_tables(std::uint64_t address) noexcept {
+  thread_scratch& t = t_scratch;
+  for (const pointer_table& e : t.tables) {
+    if (e.bytes == 0 || address - e.begin >= e.bytes) continue;
+    for (std::uint32_t i = 0; i < e.count; ++i) t.regions.add(e.ids[i]);
+    t.table_unknown |= e.overflow;
+  }
+  return 0;
+}
+
+// The tables the launch being recorded may use: live (younger than k_table_lifetime kernels of this thread) and
+// in a region its arguments point into. Expired tables are dropped here.
+inline bool tables_apply(thread_scratch& t, const region_set& regions) noexcept {
+  bool any = false;
+  for (pointer_table& e : t.tables) {
+    if (e.bytes == 0) continue;
+    if (t.kernels - e.born > k_table_lifetime) {
+      e.bytes = 0;
+      --t.tables_live;
+      continue;
+    }
+    any = any || regions.contains(e.home);
+  }
+  return any;
 }
 
 // Note [Launch streams] (residency_gate.hpp): the launch's stream, for the residency engine's fences; once per
@@ -124,6 +188,17 @@ inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn 
   } else {
     reason = undecoded_reason::no_args;
   }
+  ++t.kernels;
+  t.table_unknown = false;
+  if (t.tables_live != 0 && detail::tables_apply(t, regions)) {  // Note [Pointer tables]: the words again
+    region_set words;  // only its word count changes: lookup_tables adds to `regions` and returns 0
+    if (args != nullptr) {
+      if (found.has_layout) decode_params(found.layout, args, detail::lookup_tables, words);
+    } else if (const extra_buffer buffer = parse_extra(extra); buffer.data != nullptr) {
+      scan_words(buffer.data, buffer.size, detail::lookup_tables, words);
+    }
+    if (t.table_unknown) t.gate.add(residency_gate::k_unknown_region);
+  }
   if (regions.count > 0) reason = undecoded_reason::none;
   t.gate.add_all(regions);
   // Arguments not read: the launch may touch any region (residency_gate.hpp, Note [Unknown launches]).
@@ -154,6 +229,44 @@ inline void record_copy(tracker_core& core, thread_scratch& t, launch_kind kind,
   t.gate.add_all(regions);
   detail::count_residency(regions, t);
   t.gate.set_launch(core.record(kind, stream, 0, undecoded_reason::none, regions));
+}
+
+// A copy from host memory at `host` (readable now: the caller knows it is host memory) into `dst`, of `bytes`.
+// Recorded as record_copy records it; a small one into a region has its source scanned for region addresses and,
+// when it holds some, becomes one of the thread's pointer tables (Note [Pointer tables]).
+inline void record_host_copy(tracker_core& core, thread_scratch& t, std::uint64_t stream, std::uint64_t dst,
+                             const void* host, std::size_t bytes) noexcept {
+  record_copy(core, t, launch_kind::memcpy, stream, dst, 0);
+  if (stream != 0 && residency_gate::internal_stream(stream)) return;
+  if (host == nullptr || bytes < sizeof(std::uint64_t) || bytes > k_max_pack_bytes || t.regions.count == 0) return;
+  const region_id home = t.regions.ids[0];
+  region_set& found = t.regions;  // the copy is recorded: the set is free again
+  found.clear();
+  scan_words(host, bytes, region_map::lookup, found);
+  // A table for the same range is gone (the pack was overwritten); the new one takes its place, else an unused
+  // one, else the oldest.
+  pointer_table* slot = nullptr;
+  for (pointer_table& e : t.tables) {
+    if (e.bytes != 0 && e.begin == dst) {
+      slot = &e;
+      e.bytes = 0;
+      --t.tables_live;
+      break;
+    }
+  }
+  if (found.count == 0) return;  // data, not addresses
+  for (pointer_table& e : t.tables) {
+    if (slot == nullptr || (slot->bytes != 0 && (e.bytes == 0 || e.born < slot->born))) slot = &e;
+  }
+  if (slot->bytes != 0) --t.tables_live;
+  slot->begin = dst;
+  slot->bytes = bytes;
+  slot->born = t.kernels;
+  slot->home = home;
+  slot->overflow = found.truncated || found.count > k_table_regions;
+  slot->count = static_cast<std::uint32_t>(std::min<int>(found.count, k_table_regions));
+  std::copy_n(found.ids, slot->count, slot->ids);
+  ++t.tables_live;
 }
 
 // A graph launch: counted, its nodes' arguments are not visible.

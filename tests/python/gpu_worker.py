@@ -535,7 +535,49 @@ def check_preload(args, c):
         c.check(float(x.sum().item()) == float(1 << 20), "the process does not work after the refused cudaMalloc")
 
 
+# ---------------------------------------------------------------------------------------------------------
+# pointer_tables: kernels that reach their tensors through a pack of addresses copied from the host
+# (profiler/launch_recorder.hpp, Note [Pointer tables])
+# ---------------------------------------------------------------------------------------------------------
+
+def check_pointer_tables(args, c):
+    """FSDP2's copy-out (split_with_sizes_copy into the unsharded parameters) and copy-in (_chunk_cat of the
+    gradients into the reduce-scatter input), as FSDP2 calls them: their kernels must be recorded with the
+    tensors they write and read, which are in the pack of addresses, not in their arguments."""
+    torch, ls = start(args.allocator, c)
+    import layerswap.tracker as lt
+
+    world, sizes = 2, [3 << 20, 1 << 20, 5 << 19]  # elements per rank: bf16 tensors of 2-6 MiB, regions of their own
+    src = torch.arange(world * sum(sizes), device="cuda", dtype=torch.float32).to(torch.bfloat16).view(world, -1)
+    outs = [torch.empty(world, n, device="cuda", dtype=torch.bfloat16) for n in sizes]
+    grads = [torch.full((world * n,), float(i + 1), device="cuda", dtype=torch.bfloat16) for i, n in enumerate(sizes)]
+    rs_input = torch.empty(world * sum(sizes), device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    time.sleep(0.05)
+    lt.drain()
+    torch.split_with_sizes_copy(src, sizes, dim=1, out=outs)
+    torch._chunk_cat(grads, dim=0, num_chunks=world, out=rs_input.view(world, -1))
+    torch.cuda.synchronize()
+    time.sleep(0.05)  # the tracker's consumer hands launches to drain() every millisecond
+    launches = lt.drain()
+    kernels = [(name, set(regions)) for _, _, name, regions in launches if name not in ("memcpy", "memset")]
+    c.note("launches", [(name, sorted(r)) for _, _, name, r in launches])
+    for label, tensors in (("split_with_sizes_copy", outs), ("chunk_cat", grads)):
+        wanted = {lt.region_of(t.data_ptr()) for t in tensors}
+        c.check(0 not in wanted, f"{label}: a tensor has no region")
+        users = [(name, r) for name, r in kernels if wanted & r]
+        c.check(any(wanted <= r for _, r in users),
+                f"{label}: no kernel was recorded with all of {sorted(wanted)}; kernels: "
+                f"{[(n[:80], sorted(r)) for n, r in kernels]}")
+    # The values, against a CPU reference: the copies did what they do.
+    ref = src.cpu().split(sizes, dim=1)
+    c.check(all(torch.equal(o.cpu(), r) for o, r in zip(outs, ref)), "split_with_sizes_copy wrote wrong values")
+    ref = torch.cat([g.cpu().view(world, -1) for g in grads], dim=1).view(-1)
+    c.check(torch.equal(rs_input.cpu(), ref), "_chunk_cat wrote wrong values")
+
+
 CHECKS = {
+    "pointer_tables": check_pointer_tables,
     "probe": check_probe,
     "memory_api": check_memory_api,
     "empty_cache": check_empty_cache,

@@ -14,7 +14,9 @@ control: a failure there means the check, not layerswap, is wrong.
      swapping, tensors past the budget move to host memory and keep their contents);
   e. record_stream: a block a side stream still uses is not handed out again;
   f. random allocations and frees on two streams with compute in between, values checked exactly;
-  g. LD_PRELOAD=liblayerswap_preload.so interposes cudaMalloc/cudaFree (skipped if the library is absent).
+  g. LD_PRELOAD=liblayerswap_preload.so interposes cudaMalloc/cudaFree (skipped if the library is absent);
+  h. split_with_sizes_copy and _chunk_cat, as FSDP2 calls them, are recorded with the tensors their pack of
+     addresses names (Note [Pointer tables]).
 
 The whole module skips when no CUDA GPU is visible.
 """
@@ -169,6 +171,12 @@ def test_record_stream_side_stream(allocator):
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_stream_ordered_reuse(allocator):
     worker("stream_reuse", allocator, args=("--iters", "4000"))
+
+
+# ---- h. kernels that reach their tensors through a pack of addresses (FSDP2's copy-out and copy-in) ------
+
+def test_pointer_tables_name_the_tensors_of_packed_kernels():
+    worker("pointer_tables", "layerswap")
 
 
 # ---- g. LD_PRELOAD interposer --------------------------------------------------------------------------

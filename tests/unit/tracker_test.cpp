@@ -691,6 +691,85 @@ TEST(LaunchRecorder, LaunchesOnTheEngineStreamsAreLeftOut) {
   residency_gate::remove_internal_stream(engine_stream);
 }
 
+// Note [Pointer tables] (launch_recorder.hpp): PyTorch's split_with_sizes_copy and _chunk_cat (FSDP2's copy-out
+// and copy-in) copy a pack of tensor addresses from pinned host memory to the device and pass the kernel only the
+// pack's address. The tensors must reach the gate and the access stream with the kernel's own regions.
+TEST(LaunchRecorder, APackOfAddressesCopiedFromTheHostAddsItsRegionsToTheKernelThatReadsIt) {
+  constexpr std::uint64_t base = std::uint64_t{0x7d} << 40;
+  constexpr std::uint64_t gran = std::uint64_t{2} << 20;
+  const published_arena arena(base, std::size_t{128} << 20, 21);
+  std::vector<region_id> ids;  // 0: the pack's (a slab), 1..3: tensors, 4: a bystander, 5..44: many more
+  for (int i = 0; i < 45; ++i) {
+    ids.push_back(region_map::next_region_id());
+    arena.publish(static_cast<std::size_t>(i), 1, ids.back());
+    residency_gate::prepare(ids.back());
+  }
+  const auto at = [&](int i, std::uint64_t offset = 0) { return base + static_cast<std::uint64_t>(i) * gran + offset; };
+  tracker_core core;
+  thread_scratch& t = this_thread_scratch();
+  constexpr std::uint64_t stream = 0x5100;
+  const std::uint64_t pack_dst = at(0, 4096);
+  // The pack as split_with_sizes_copy lays it out: addresses among sizes and strides.
+  const std::uint64_t pack[] = {at(1), 4096, at(2, 512), 1, 0, at(3, 8)};
+  const auto copy = [&](std::uint64_t dst, const void* host, std::size_t bytes) {
+    t.gate.open();
+    record_host_copy(core, t, stream, dst, host, bytes);
+    t.gate.close();
+  };
+  const auto kernel = [&](std::uint64_t pointer) {  // function 2: two 8-byte parameters, the pointer and a count
+    std::uint64_t count = 9;
+    void* args[] = {&pointer, &count};
+    t.gate.open();
+    record_kernel(core, t, fake_functions::query, 2, "split_with_sizes_copy_out_contiguous_no_cast_kernel", stream,
+                  args, nullptr);
+    t.gate.close();
+    const auto events = core.drain(10);
+    return events.empty() ? std::set<region_id>{} : std::set<region_id>(events.back().regions.begin(),
+                                                                          events.back().regions.end());
+  };
+  (void)core.drain(100);
+  const std::uint64_t tensor_uses = residency_gate::sequence(ids[2]);
+  copy(pack_dst, pack, sizeof pack);
+  EXPECT_EQ(t.tables_live, 1u);
+  EXPECT_EQ(kernel(pack_dst), (std::set<region_id>{ids[0], ids[1], ids[2], ids[3]}));
+  EXPECT_EQ(residency_gate::sequence(ids[2]), tensor_uses + 1) << "the tensor did not enter the gate";
+  // The same slab outside the pack's range, and another region: only what the arguments point at.
+  EXPECT_EQ(kernel(at(0, 65536)), (std::set<region_id>{ids[0]}));
+  EXPECT_EQ(kernel(at(4)), (std::set<region_id>{ids[4]}));
+  // A copy of data (token ids) into the same range: the pack is gone, and no table is made of it.
+  const std::uint64_t tokens[] = {17, 4242, 31999, 0};
+  copy(pack_dst, tokens, sizeof tokens);
+  EXPECT_EQ(t.tables_live, 0u);
+  EXPECT_EQ(kernel(pack_dst), (std::set<region_id>{ids[0]}));
+  // A table applies to the next k_table_lifetime kernels of the thread only.
+  copy(pack_dst, pack, sizeof pack);
+  for (std::uint64_t i = 1; i < k_table_lifetime; ++i) (void)kernel(at(4));
+  EXPECT_EQ(kernel(pack_dst).size(), 4u);  // the k_table_lifetime-th
+  EXPECT_EQ(kernel(pack_dst), (std::set<region_id>{ids[0]}));
+  EXPECT_EQ(t.tables_live, 0u);
+  // More tables than a thread keeps: the oldest goes.
+  for (int i = 0; i <= k_pointer_tables; ++i) copy(at(0, 4096 + 64 * static_cast<std::uint64_t>(i)), pack, 16);
+  EXPECT_EQ(t.tables_live, static_cast<std::uint32_t>(k_pointer_tables));
+  EXPECT_EQ(kernel(at(0, 4096)), (std::set<region_id>{ids[0]}));
+  EXPECT_EQ(kernel(at(0, 4096 + 64)), (std::set<region_id>{ids[0], ids[1]}));
+  // A pack with more regions than a table holds: its kernel is an unknown launch (every region's sequence moves).
+  std::vector<std::uint64_t> many;
+  for (int i = 5; i < 45; ++i) many.push_back(at(i));
+  copy(at(0, 8192), many.data(), many.size() * sizeof(std::uint64_t));
+  const std::uint64_t bystander = residency_gate::sequence(ids[4]);
+  EXPECT_EQ(kernel(at(0, 8192)).size(), 1u + k_table_regions);
+  EXPECT_EQ(residency_gate::sequence(ids[4]), bystander + 1) << "the overflowing table's kernel was not unknown";
+  // A copy on the engine's own stream is not the program's: no table.
+  for (int i = 0; i < 3 * static_cast<int>(k_table_lifetime); ++i) (void)kernel(at(4));
+  EXPECT_EQ(t.tables_live, 0u);
+  residency_gate::add_internal_stream(stream + 1);
+  t.gate.open();
+  record_host_copy(core, t, stream + 1, pack_dst, pack, sizeof pack);
+  t.gate.close();
+  residency_gate::remove_internal_stream(stream + 1);
+  EXPECT_EQ(t.tables_live, 0u);
+}
+
 TEST(TraceWriter, WritesBoundedChromeJson) {
   std::FILE* f = std::tmpfile();
   ASSERT_NE(f, nullptr);

@@ -297,6 +297,8 @@ PYBIND11_MODULE(_C, m) {
     d["truncated"] = s.truncated;
     d["dropped"] = s.dropped;
     d["nested_skipped"] = s.nested_skipped;
+    d["pointer_tables"] = s.pointer_tables;
+    d["table_launches"] = s.table_launches;
     d["launch_api_s"] = static_cast<double>(s.launch_api_ns) * 1e-9;
     d["launch_api_calls"] = s.launch_api_calls;
     d["launch_driver_s"] = static_cast<double>(s.launch_driver_ns) * 1e-9;

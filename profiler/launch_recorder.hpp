@@ -48,9 +48,11 @@ struct residency_gate_calls {
 //   parameters) and _chunk_cat (its reduce-scatter copy-in, which reads the gradients) pack the tensors'
 //   addresses on the host, copy the pack to the device with a small host-to-device copy, and pass the pack's
 //   device address. Unseen, those tensors could be remapped under the kernel (a fault: DESIGN.md invariant 3) or
-//   moved while it writes them (a lost write: invariant 4). So the source of a small copy from host memory into a
-//   region is scanned like arguments, word by word; when it holds addresses in regions, the thread remembers them
-//   as a table: the destination range and those regions. A kernel that the same thread launches within
+//   moved while it writes them (a lost write: invariant 4). So the source of a copy of at most k_max_pack_bytes
+//   from host memory into a region is scanned like arguments, word by word, over its first k_pack_scan_bytes
+//   (the packs put the addresses first: split_with_sizes_copy's holds the destinations' and sources' addresses,
+//   then sizes, then a word per thread block, up to ~35 KB on an H100); when it holds addresses in regions, the
+//   thread remembers them as a table: the destination range and those regions. A kernel that the same thread launches within
 //   k_table_lifetime kernels, and one of whose argument words points into a remembered range, touches the table's
 //   regions too: they enter the gate with its own and are recorded with it. A table with more regions than it
 //   holds makes such a kernel an unknown launch (Note [Unknown launches] in residency_gate.hpp).
@@ -59,13 +61,15 @@ struct residency_gate_calls {
 //   work in its FIFO): the limits of the tracker's sight (docs/tracker.md).
 inline constexpr int k_pointer_tables = 8;           // the tables a thread remembers (the oldest is replaced)
 inline constexpr int k_table_regions = 32;           // regions a table holds
-inline constexpr std::size_t k_max_pack_bytes = 16384;  // larger host-to-device copies are data, not scanned
+inline constexpr std::size_t k_max_pack_bytes = std::size_t{1} << 20;  // larger copies are data, not scanned
+inline constexpr std::size_t k_pack_scan_bytes = 4096;  // the words scanned: 256 tensors' two addresses
 inline constexpr std::uint64_t k_table_lifetime = 16;   // kernels of the thread a table applies to
 
 struct pointer_table {
   std::uint64_t begin = 0;  // the device range the pack was copied to (bytes == 0: unused)
   std::uint64_t bytes = 0;
   std::uint64_t born = 0;     // the thread's kernel count when it was copied
+  std::uint64_t made = 0;     // the thread's count of tables made, then (the oldest is replaced first)
   region_id home = 0;         // the region of the range (a kernel not touching it is not scanned again)
   std::uint32_t count = 0;
   bool overflow = false;      // more regions than ids[] holds
@@ -83,9 +87,11 @@ struct thread_scratch {
   std::uint64_t api_start = 0;   // fast_clock::ticks() when the kernel launch in flight was recorded (0: none)
   std::uint64_t api_entered = 0; // ... and when its entry callback returned (the gate entered, holds enqueued)
   std::uint8_t engine_at_entry = 0;  // LAYERSWAP_TRACK=attribute: the engine's driver call then (driver_calls)
-  bool table_unknown = false;        // a pointer table the kernel being recorded uses overflowed
+  bool table_used = false;           // the kernel being recorded points into a pointer table ...
+  bool table_unknown = false;        // ... one that overflowed
   std::uint32_t tables_live = 0;     // pointer tables in use (Note [Pointer tables]); 0: a compare per launch
   std::uint64_t kernels = 0;         // kernel launches recorded on this thread (the tables' clock)
+  std::uint64_t tables_made = 0;     // pointer tables made by this thread
   launch_nesting nesting;
   region_set regions;
   launch_gate<residency_gate_calls> gate;
@@ -114,6 +120,7 @@ inline region_id lookup_tables(std::uint64_t address) noexcept {
   for (const pointer_table& e : t.tables) {
     if (e.bytes == 0 || address - e.begin >= e.bytes) continue;
     for (std::uint32_t i = 0; i < e.count; ++i) t.regions.add(e.ids[i]);
+    t.table_used = true;
     t.table_unknown |= e.overflow;
   }
   return 0;
@@ -189,7 +196,7 @@ inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn 
     reason = undecoded_reason::no_args;
   }
   ++t.kernels;
-  t.table_unknown = false;
+  t.table_used = t.table_unknown = false;
   if (t.tables_live != 0 && detail::tables_apply(t, regions)) {  // Note [Pointer tables]: the words again
     region_set words;  // only its word count changes: lookup_tables adds to `regions` and returns 0
     if (args != nullptr) {
@@ -198,6 +205,7 @@ inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn 
       scan_words(buffer.data, buffer.size, detail::lookup_tables, words);
     }
     if (t.table_unknown) t.gate.add(residency_gate::k_unknown_region);
+    if (t.table_used) core.count_table_launch();
   }
   if (regions.count > 0) reason = undecoded_reason::none;
   t.gate.add_all(regions);
@@ -242,7 +250,7 @@ inline void record_host_copy(tracker_core& core, thread_scratch& t, std::uint64_
   const region_id home = t.regions.ids[0];
   region_set& found = t.regions;  // the copy is recorded: the set is free again
   found.clear();
-  scan_words(host, bytes, region_map::lookup, found);
+  scan_words(host, std::min(bytes, k_pack_scan_bytes), region_map::lookup, found);
   // A table for the same range is gone (the pack was overwritten); the new one takes its place, else an unused
   // one, else the oldest.
   pointer_table* slot = nullptr;
@@ -256,17 +264,19 @@ inline void record_host_copy(tracker_core& core, thread_scratch& t, std::uint64_
   }
   if (found.count == 0) return;  // data, not addresses
   for (pointer_table& e : t.tables) {
-    if (slot == nullptr || (slot->bytes != 0 && (e.bytes == 0 || e.born < slot->born))) slot = &e;
+    if (slot == nullptr || (slot->bytes != 0 && (e.bytes == 0 || e.made < slot->made))) slot = &e;
   }
   if (slot->bytes != 0) --t.tables_live;
   slot->begin = dst;
   slot->bytes = bytes;
   slot->born = t.kernels;
+  slot->made = ++t.tables_made;
   slot->home = home;
   slot->overflow = found.truncated || found.count > k_table_regions;
   slot->count = static_cast<std::uint32_t>(std::min<int>(found.count, k_table_regions));
   std::copy_n(found.ids, slot->count, slot->ids);
   ++t.tables_live;
+  core.count_pointer_table();
 }
 
 // A graph launch: counted, its nodes' arguments are not visible.

@@ -230,6 +230,8 @@ tracker_stats tracker_core::stats() {
   tracker_stats s = stats_;
   s.dropped = dropped_.load(std::memory_order_relaxed);
   s.nested_skipped = nested_.load(std::memory_order_relaxed);
+  s.pointer_tables = pointer_tables_.load(std::memory_order_relaxed);
+  s.table_launches = table_launches_.load(std::memory_order_relaxed);
   s.launch_api_ns = fast_clock::to_ns(launch_api_ticks_.load(std::memory_order_relaxed));
   s.launch_api_calls = launch_api_calls_.load(std::memory_order_relaxed);
   s.launch_driver_ns = fast_clock::to_ns(launch_driver_ticks_.load(std::memory_order_relaxed));

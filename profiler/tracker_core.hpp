@@ -87,6 +87,8 @@ struct tracker_stats {
   std::uint64_t truncated = 0;        // launches with more regions than recorded
   std::uint64_t dropped = 0;          // events lost to a full ring
   std::uint64_t nested_skipped = 0;   // driver callbacks of runtime calls, not counted again
+  std::uint64_t pointer_tables = 0;   // host copies that held region addresses (launch_recorder.hpp, Note [Pointer tables])
+  std::uint64_t table_launches = 0;   // kernels that took regions from such a table
   std::uint64_t launch_api_ns = 0;    // time inside kernel launch calls (entry to exit callback), all threads
   std::uint64_t launch_api_calls = 0; // ... over this many launches
   std::uint64_t launch_driver_ns = 0; // the part of launch_api_ns after the tracker's entry callback returned:
@@ -136,6 +138,8 @@ class tracker_core {
   std::uint64_t record(launch_kind kind, std::uint64_t stream, std::uint32_t kernel, undecoded_reason reason,
               const region_set& regions) noexcept;
   void count_nested() noexcept { nested_.fetch_add(1, std::memory_order_relaxed); }
+  void count_pointer_table() noexcept { pointer_tables_.fetch_add(1, std::memory_order_relaxed); }
+  void count_table_launch() noexcept { table_launches_.fetch_add(1, std::memory_order_relaxed); }
   // Time one kernel launch call took, from its API entry to its exit (the driver's own work and any wait in it),
   // and the part of it after the entry callback returned (`driver_ticks`), in fast-clock ticks
   // (runtime/fast_clock.hpp; stats() converts).
@@ -189,6 +193,8 @@ class tracker_core {
   std::atomic<bool> consumer_asleep_{false};
   std::atomic<std::uint64_t> dropped_{0};
   std::atomic<std::uint64_t> nested_{0};
+  std::atomic<std::uint64_t> pointer_tables_{0};
+  std::atomic<std::uint64_t> table_launches_{0};
   std::atomic<std::uint64_t> launch_api_ticks_{0};
   std::atomic<std::uint64_t> launch_api_calls_{0};
   std::atomic<std::uint64_t> launch_driver_ticks_{0};

@@ -562,6 +562,9 @@ def check_pointer_tables(args, c):
     launches = lt.drain()
     kernels = [(name, set(regions)) for _, _, name, regions in launches if name not in ("memcpy", "memset")]
     c.note("launches", [(name, sorted(r)) for _, _, name, r in launches])
+    stats = lt.stats()
+    c.note("pointer_tables", stats.get("pointer_tables"))
+    c.note("table_launches", stats.get("table_launches"))
     for label, tensors in (("split_with_sizes_copy", outs), ("chunk_cat", grads)):
         wanted = {lt.region_of(t.data_ptr()) for t in tensors}
         c.check(0 not in wanted, f"{label}: a tensor has no region")

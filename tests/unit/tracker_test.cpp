@@ -733,6 +733,8 @@ TEST(LaunchRecorder, APackOfAddressesCopiedFromTheHostAddsItsRegionsToTheKernelT
   EXPECT_EQ(t.tables_live, 1u);
   EXPECT_EQ(kernel(pack_dst), (std::set<region_id>{ids[0], ids[1], ids[2], ids[3]}));
   EXPECT_EQ(residency_gate::sequence(ids[2]), tensor_uses + 1) << "the tensor did not enter the gate";
+  EXPECT_EQ(core.stats().pointer_tables, 1u);
+  EXPECT_EQ(core.stats().table_launches, 1u);
   // The same slab outside the pack's range, and another region: only what the arguments point at.
   EXPECT_EQ(kernel(at(0, 65536)), (std::set<region_id>{ids[0]}));
   EXPECT_EQ(kernel(at(4)), (std::set<region_id>{ids[4]}));
@@ -747,6 +749,13 @@ TEST(LaunchRecorder, APackOfAddressesCopiedFromTheHostAddsItsRegionsToTheKernelT
   EXPECT_EQ(kernel(pack_dst).size(), 4u);  // the k_table_lifetime-th
   EXPECT_EQ(kernel(pack_dst), (std::set<region_id>{ids[0]}));
   EXPECT_EQ(t.tables_live, 0u);
+  // A pack as large as split_with_sizes_copy's on a big layer: the addresses first, then a word per thread block.
+  std::vector<std::uint64_t> big(4400, 2);
+  big[0] = at(1);
+  big[1] = at(2);
+  big.back() = at(3);  // past the scanned words: not seen
+  copy(at(0, 1 << 20), big.data(), big.size() * sizeof(std::uint64_t));
+  EXPECT_EQ(kernel(at(0, (1 << 20) + 8 * 4000)), (std::set<region_id>{ids[0], ids[1], ids[2]}));
   // More tables than a thread keeps: the oldest goes.
   for (int i = 0; i <= k_pointer_tables; ++i) copy(at(0, 4096 + 64 * static_cast<std::uint64_t>(i)), pack, 16);
   EXPECT_EQ(t.tables_live, static_cast<std::uint32_t>(k_pointer_tables));

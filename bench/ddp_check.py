@@ -174,7 +174,9 @@ def worker(args):
         out["layerswap_budget"] = after.get("budget")
         import layerswap.tracker as lt
         ts = lt.stats()
-        out["tracker"] = {"launches": ts.get("launches"), "undecoded_by_reason": dict(ts.get("undecoded_by_reason", {})),
+        out["tracker"] = {"launches": ts.get("launches"), "pointer_tables": ts.get("pointer_tables"),
+                          "table_launches": ts.get("table_launches"),
+                          "undecoded_by_reason": dict(ts.get("undecoded_by_reason", {})),
                           "no_region_families": {k: v for k, v in dict(ts.get("no_region_families", {})).items()
                                                  if "nccl" in k.lower()}}
         out["nccl_probe"] = nccl_probe(device)

@@ -121,13 +121,8 @@ def worker(args):
         for block in built.blocks:
             fully_shard(block)
         model = fully_shard(built.model)
-        # The optimizer over the sharded parameters (DTensors), built as swap_models.build_case builds it.
-        trainable = [p for p in built.model.parameters() if p.requires_grad]
-        if args.case == "llama-lora":
-            built.optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0,
-                                                foreach=True)
-        else:
-            built.optimizer, _ = sm.full_adamw(trainable, cfg, (0.9, 0.95))
+        # The optimizer over the sharded parameters (DTensors), as swap_models.build_case builds it.
+        built.optimizer, _ = sm.llama_optimizer(built.model, cfg, args.case == "llama-lora")
     else:
         model = torch.nn.parallel.DistributedDataParallel(built.model, device_ids=[local],
                                                           gradient_as_bucket_view=args.wrap == "ddp-views")

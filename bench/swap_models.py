@@ -358,6 +358,16 @@ class Built:
     uses_sdpa: bool = False
 
 
+def llama_optimizer(model, cfg, lora):
+    """The Llama cases' AdamW over the model's trainable parameters, and its description: LoRA's adapters with
+    foreach, full training's in the form `cfg.adamw` names. Also for a model whose parameters were replaced
+    (FSDP2's sharded ones, bench/ddp_check.py)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if lora:
+        return torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0, foreach=True), "foreach=True"
+    return full_adamw(trainable, cfg, (0.9, 0.95))
+
+
 def build_case(cfg):
     """The model, optimizer, data and loss of `cfg.case`, on `cfg.device`, from `cfg.seed`."""
     device = torch.device(cfg.device)
@@ -365,11 +375,7 @@ def build_case(cfg):
         size = cfg.llama_size()
         lora = cfg.case == "llama-lora"
         model = build_llama(size, cfg.seq, device, cfg.seed, lora)
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        if lora:
-            opt = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0, foreach=True)
-        else:
-            opt, adamw = full_adamw(trainable, cfg, (0.9, 0.95))
+        opt, adamw = llama_optimizer(model, cfg, lora)
         batches = sample.make_batches(size.vocab, cfg.batch, cfg.seq, cfg.steps, cfg.seed)
         describe = {"arch": "LlamaForCausalLM (transformers, sdpa)", "size": "quick" if cfg.quick else cfg.llama,
                     **asdict(size), "batch": cfg.batch,

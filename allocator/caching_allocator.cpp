@@ -33,12 +33,19 @@
 //
 // Note [Unmap fences]
 //   cuMemUnmap does not wait for running kernels. Before a segment's pages are unmapped, every launch that
-//   may touch it must have completed: all of them were enqueued on the segment's stream before the segment
-//   became idle (recorded streams were waited for, Note [record_stream]). So the allocator records an
-//   event on that stream and waits for it. Each pool remembers the free epoch its last fence covered, so a
-//   burst of reclaims waits at most once per stream. With a residency engine, its thread also records fences
-//   without waiting (maintain(): one in flight per pool) and notes when they complete, so that a reclaim usually
-//   finds a segment already fenced and waits for nothing.
+//   may touch it must have completed. They were all enqueued before the segment became idle, but not only on
+//   its stream: PyTorch promises stream-ordered reuse, not that a block is used on its stream alone. A program
+//   may use a block on another stream without record_stream and order the reuse by events instead: FSDP2's
+//   reduce-scatter output is made on its reduce-scatter stream, read and written by the optimizer on the
+//   compute stream, and freed by zero_grad; the reduce-scatter stream waits for the compute stream before it
+//   reuses the memory. PyTorch's own allocator is safe there because it hands a block out again only on its
+//   stream and synchronizes the device before it gives memory back to the driver. So a fence here is an event
+//   on every stream the allocator knows (its pools' and the legacy stream) and every stream launches were seen
+//   on (residency_gate.hpp, Note [Launch streams]), recorded after the segment became idle; once they have all
+//   completed, every segment idle before the fence is safe to unmap. The allocator remembers the free epoch its
+//   last fence covered, so a burst of reclaims waits at most once. With a residency engine, its thread also
+//   records fences without waiting (maintain(): one in flight) and notes when they complete, so that a reclaim
+//   usually finds a segment already fenced and waits for nothing.
 //
 // Note [record_stream]
 //   A block used on other streams (Tensor.record_stream) is not returned at deallocate(): an event is
@@ -400,12 +407,6 @@ struct stream_pool {
   std::vector<pool_list> free_by_pages;  // cached large segments, indexed by page count
   std::vector<pool_list> partial;        // slabs with a free block, indexed by size class
   std::vector<segment*> split;           // large segments shared by allocations (Note [Split segments])
-  std::uint64_t fenced_epoch = 0;        // every segment idle at or before this epoch is fenced
-  // An asynchronous fence (Note [Unmap fences]): recorded on `stream` at epoch `fence_epoch`, not waited for;
-  // once it has completed, fenced_epoch catches up with it.
-  event_handle fence_event = nullptr;
-  std::uint64_t fence_epoch = 0;
-  std::uint64_t idle_epoch = 0;  // the newest free_epoch of a segment that went idle in this pool
 };
 
 struct arena {
@@ -518,12 +519,19 @@ struct caching_allocator::impl final : detail::page_source {
   std::unordered_map<device_ptr, std::vector<stream_handle>> recorded;
   std::vector<event_handle> spare_events;
   std::uint64_t epoch = 0;
+  // Note [Unmap fences]: every segment idle at or before `fenced_epoch` is fenced; `idle_epoch` is the newest
+  // free epoch of a segment that went idle. The asynchronous fence in flight: events on every stream, recorded at
+  // `fence_epoch` (empty: none); once they have all completed, fenced_epoch catches up with it.
+  std::uint64_t fenced_epoch = 0;
+  std::uint64_t idle_epoch = 0;
+  std::vector<event_handle> fence_events;
+  std::uint64_t fence_epoch = 0;
   // Whether start_fences_locked() may find a segment to fence: set when a segment goes idle or a fence completes
   // (the only ways one can need a fence); the migration thread's housekeeping runs every round, and the idle list
   // is long.
   bool fences_wanted = true;
   std::unique_ptr<detail::residency_engine> engine;  // null unless options.residency.enabled
-  std::vector<std::pair<segment*, event_handle>> retiring;  // freed host-backed segments (Note [Swappable segments])
+  std::vector<segment*> retiring;  // freed host-backed segments (Note [Swappable segments])
   std::vector<zombie> zombies;  // Note [Composites]
 
   allocator_stats st;
@@ -612,14 +620,16 @@ struct caching_allocator::impl final : detail::page_source {
   // Unmaps the first `count` parts of a composite laid out from `va` (all of them by default).
   void unmap_parts_locked(device_ptr va, const std::vector<std::pair<std::size_t, detail::device_chunk>>& parts,
                           std::size_t count = SIZE_MAX);
-  void fence_pool_locked(stream_pool* pool);  // a host wait for everything enqueued on the pool's stream
+  // Note [Unmap fences]: events recorded on every stream launches may use, appended to `out`.
+  void record_fence_locked(std::vector<event_handle>& out);
+  void fence_all_locked();  // a host wait for everything enqueued on every stream
   void fence_locked(segment* seg);
   void poll_fences_locked();
   void start_fences_locked();
   // An idle segment that can be destroyed without a host wait: fenced (Note [Unmap fences]) and not moving (a
   // cancelled move still in flight, Note [Freeing a moved region]).
   [[nodiscard]] bool reclaimable_now_locked(const segment* seg) const noexcept {
-    return seg->free_epoch <= seg->pool->fenced_epoch && !(seg->swap && engine->moving_locked(seg->swap));
+    return seg->free_epoch <= fenced_epoch && !(seg->swap && engine->moving_locked(seg->swap));
   }
   void destroy_segment_locked(segment* seg);
   device_ptr reserve_va_locked(std::size_t npages);
@@ -710,7 +720,7 @@ caching_allocator::impl::~impl() {
   try {
     if (engine) engine->settle_all_locked();
     process_pending_locked(true);
-    while (!zombies.empty()) fence_pool_locked(zombies.front().pool);
+    if (!zombies.empty()) fence_all_locked();
     for (segment* seg : std::vector<segment*>(segments.begin(), segments.end())) {
       fence_locked(seg);
       destroy_segment_locked(seg);
@@ -718,9 +728,8 @@ caching_allocator::impl::~impl() {
     for (phys_handle h : idle_pages) port.release(h);
     idle_pages.clear();
     engine.reset();
-    for (auto& pool : pools) {
-      if (pool->fence_event) spare_events.push_back(std::exchange(pool->fence_event, nullptr));
-    }
+    spare_events.insert(spare_events.end(), fence_events.begin(), fence_events.end());
+    fence_events.clear();
     for (auto& a : arenas) port.unreserve(a->base, a->bytes);
     for (event_handle e : spare_events) port.destroy_event(e);
   } catch (const std::exception& e) {
@@ -1126,7 +1135,7 @@ segment* caching_allocator::impl::compose_locked(stream_pool* pool, std::size_t 
     try {
       unmap_parts_locked(va, parts, mapped);
       if (va) release_va_locked(va, total);
-      fence_pool_locked(pool);
+      fence_all_locked();
       for (const auto& [bytes, chunk] : parts) engine->give_chunk_locked(bytes, chunk);
     } catch (...) {
     }
@@ -1177,7 +1186,7 @@ void caching_allocator::impl::reap_zombies_locked() {
   std::size_t kept = 0;
   for (std::size_t i = 0; i < zombies.size(); ++i) {
     zombie& z = zombies[i];
-    if (z.free_epoch <= z.pool->fenced_epoch) {
+    if (z.free_epoch <= fenced_epoch) {
       for (const auto& [va, bytes] : z.maps) port.unmap(va, bytes);
       release_va_locked(z.va, z.n);
       ++st.num_zombies_reaped;
@@ -1189,23 +1198,47 @@ void caching_allocator::impl::reap_zombies_locked() {
   zombies.resize(kept);
 }
 
-void caching_allocator::impl::fence_pool_locked(stream_pool* pool) {
+void caching_allocator::impl::record_fence_locked(std::vector<event_handle>& out) {
+  std::vector<stream_handle> known{nullptr};  // the legacy stream, which waits for every blocking stream
+  for (const auto& pool : pools) {
+    if (std::find(known.begin(), known.end(), pool->stream) == known.end()) known.push_back(pool->stream);
+  }
+  const auto record_on = [&](stream_handle s) {
+    event_handle e = take_event_locked();
+    out.push_back(e);
+    port.record(e, s);
+  };
+  for (stream_handle s : known) record_on(s);
+  // Read now, after the segments went idle: a stream with launches before then is in the table (Note [Launch
+  // streams]); one being destroyed meanwhile waits for its visit to end.
+  residency_gate::for_each_stream(port.context_id(), [&](std::uint64_t id) {
+    const auto s = reinterpret_cast<stream_handle>(id);
+    if (std::find(known.begin(), known.end(), s) == known.end()) record_on(s);
+  });
+}
+
+void caching_allocator::impl::fence_all_locked() {
   const std::uint64_t now = epoch;
-  event_handle e = take_event_locked();
-  port.record(e, pool->stream);
+  std::vector<event_handle> events;
+  try {
+    record_fence_locked(events);
+  } catch (...) {
+    spare_events.insert(spare_events.end(), events.begin(), events.end());
+    throw;
+  }
   if (engine) engine->release_holds_locked();  // the wait may reach a launch held on a prefetch
   const auto start = std::chrono::steady_clock::now();
-  port.wait(e);
+  for (event_handle e : events) port.wait(e);
   st.host_wait_us += elapsed_us(start);
-  spare_events.push_back(e);
+  spare_events.insert(spare_events.end(), events.begin(), events.end());
   ++st.num_host_waits;
-  pool->fenced_epoch = std::max(pool->fenced_epoch, now);
+  fenced_epoch = std::max(fenced_epoch, now);
   if (!zombies.empty()) reap_zombies_locked();
 }
 
 void caching_allocator::impl::fence_locked(segment* seg) {
-  if (seg->free_epoch <= seg->pool->fenced_epoch && seg->free_epoch != 0) return;
-  fence_pool_locked(seg->pool);
+  if (seg->free_epoch <= fenced_epoch && seg->free_epoch != 0) return;
+  fence_all_locked();
 }
 
 void caching_allocator::impl::destroy_segment_locked(segment* seg) {
@@ -1216,12 +1249,7 @@ void caching_allocator::impl::destroy_segment_locked(segment* seg) {
     seg->pool->free_by_pages[seg->npages()].erase(seg);
   }
   idle.erase(seg);
-  for (auto it = retiring.begin(); it != retiring.end(); ++it) {
-    if (it->first != seg) continue;
-    spare_events.push_back(it->second);
-    retiring.erase(it);
-    break;
-  }
+  if (const auto it = std::find(retiring.begin(), retiring.end(), seg); it != retiring.end()) retiring.erase(it);
   // A host-backed region's VA holds one host mapping, which the engine unmaps (remove_locked).
   const bool host_unmapped = seg->swap && engine->remove_locked(seg->swap);
   seg->swap = nullptr;
@@ -1295,7 +1323,7 @@ bool caching_allocator::impl::reclaim_one_locked(std::size_t want) {
 
 void caching_allocator::impl::make_idle_locked(segment* seg) {
   seg->free_epoch = ++epoch;
-  seg->pool->idle_epoch = seg->free_epoch;
+  idle_epoch = seg->free_epoch;
   fences_wanted = true;
   idle.push_back(seg);
 }
@@ -1446,14 +1474,13 @@ void caching_allocator::impl::release_block_locked(segment* seg, std::uint32_t b
 
 void caching_allocator::impl::cache_large_locked(segment* seg) {
   if (seg->swap && engine->host_backed_locked(seg->swap)) {
-    // Never cached (Note [Swappable segments]): destroyed by maintain() once its stream is past its last
-    // launches, or by a reclaim before that (which fences).
+    // Never cached (Note [Swappable segments]): destroyed by maintain() once a fence covers it (Note [Unmap
+    // fences]), or by a reclaim before that (which fences).
     make_idle_locked(seg);
+    retiring.push_back(seg);
     try {
-      event_handle e = take_event_locked();
-      port.record(e, seg->pool->stream);
-      retiring.emplace_back(seg, e);
-    } catch (...) {
+      start_fences_locked();  // now, unless one is in flight: the region's host backing goes back sooner
+    } catch (...) {        // maintain() starts one later
     }
     return;
   }
@@ -1803,15 +1830,14 @@ void caching_allocator::impl::give_room(std::size_t n) {
 
 std::size_t caching_allocator::impl::idle_bytes() const { return idle.pages << gran_shift; }  // pages or chunks
 
-// Completed asynchronous fences advance their pool's fenced epoch.
+// A completed asynchronous fence advances the fenced epoch.
 void caching_allocator::impl::poll_fences_locked() {
-  for (auto& pool : pools) {
-    if (pool->fence_event && port.query(pool->fence_event)) {
-      pool->fenced_epoch = std::max(pool->fenced_epoch, pool->fence_epoch);
-      spare_events.push_back(pool->fence_event);
-      pool->fence_event = nullptr;
-      fences_wanted = true;  // its pool's segments freed since it was recorded want one of their own
-    }
+  if (!fence_events.empty() &&
+      std::all_of(fence_events.begin(), fence_events.end(), [&](event_handle e) { return port.query(e); })) {
+    fenced_epoch = std::max(fenced_epoch, fence_epoch);
+    spare_events.insert(spare_events.end(), fence_events.begin(), fence_events.end());
+    fence_events.clear();
+    fences_wanted = true;  // the segments freed since it was recorded want one of their own
   }
   if (!zombies.empty()) reap_zombies_locked();
 }
@@ -1852,20 +1878,25 @@ bool caching_allocator::impl::reclaim_idle_sized(std::size_t bytes) {
   return false;
 }
 
-// An asynchronous fence on each pool that has idle segments not yet fenced (Note [Unmap fences]), so that
-// reclaim_one_locked() and reclaim_idle() find them reclaimable without a host wait.
-// A pool whose newest idle segment is not fenced gets a fence: one pass over the pools, not over the idle list
-// (hundreds of segments, read cold by the migration thread every round). A pool whose unfenced segments have all
-// left the idle list since gets one it did not need: an event record.
+// An asynchronous fence when segments went idle since the last one (Note [Unmap fences]), so that
+// reclaim_one_locked() and reclaim_idle() find them reclaimable without a host wait. Whether the newest idle
+// segment is fenced is one compare, not a pass over the idle list (hundreds of segments, read cold by the
+// migration thread every round). When the unfenced segments have all left the idle list since, the fence was not
+// needed: some event records.
 void caching_allocator::impl::start_fences_locked() {
   if (!fences_wanted) return;
-  for (auto& pool : pools) {
-    if (pool->fence_event || pool->idle_epoch <= pool->fenced_epoch) continue;
-    pool->fence_event = take_event_locked();
-    pool->fence_epoch = epoch;
-    port.record(pool->fence_event, pool->stream);
+  if (fence_events.empty() && idle_epoch > fenced_epoch) {
+    const std::uint64_t now = epoch;
+    try {
+      record_fence_locked(fence_events);
+    } catch (...) {  // a fence a reclaim will make itself, waiting
+      spare_events.insert(spare_events.end(), fence_events.begin(), fence_events.end());
+      fence_events.clear();
+      throw;
+    }
+    fence_epoch = now;
   }
-  fences_wanted = false;  // every idle segment is fenced, or its pool has a fence in flight
+  fences_wanted = false;  // every idle segment is fenced, or a fence is in flight
 }
 
 void caching_allocator::impl::maintain() {
@@ -1873,9 +1904,10 @@ void caching_allocator::impl::maintain() {
   poll_fences_locked();
   start_fences_locked();
   if (retiring.empty()) return;
+  poll_fences_locked();  // the fence just started may have completed already (idle streams)
   std::vector<segment*> ready;
-  for (auto& [seg, e] : retiring) {
-    if (!engine->moving_locked(seg->swap) && port.query(e)) ready.push_back(seg);
+  for (segment* seg : retiring) {
+    if (seg->free_epoch <= fenced_epoch && !engine->moving_locked(seg->swap)) ready.push_back(seg);
   }
   for (segment* seg : ready) destroy_segment_locked(seg);  // also drops it from `retiring`
 }
@@ -1988,7 +2020,7 @@ void caching_allocator::empty_cache() {
   std::lock_guard lock(impl_->mutex);
   impl& m = *impl_;
   if (!m.pending.empty()) m.process_pending_locked(false);
-  while (!m.zombies.empty()) m.fence_pool_locked(m.zombies.front().pool);
+  if (!m.zombies.empty()) m.fence_all_locked();
   while (m.reclaim_one_locked()) {
   }
   m.release_idle_pages_locked();

@@ -289,6 +289,40 @@ TEST(Allocator, ReclaimWaitsForPendingWorkBeforeUnmapping) {
   alloc.verify();
 }
 
+// Note [Unmap fences]: a block made on stream a and used on stream b without record_stream, which the program
+// orders by events, as FSDP2 does with its reduce-scatter output (made on its reduce-scatter stream, read and
+// written by the optimizer on the compute stream, freed by zero_grad). PyTorch hands it out again only on a,
+// after the program's own waits; a reclaim unmaps it, and must wait for b too.
+TEST(Allocator, ReclaimWaitsForStreamsThatUsedTheBlockWithoutRecordStream) {
+  sim_options o;
+  o.eager = false;
+  sim_driver sim(o);
+  allocator_options opts;
+  opts.budget = 8 * k_mib;
+  caching_allocator alloc(sim, opts);
+  stream_handle a = sim.create_stream();
+  stream_handle b = sim.create_stream();
+  stream_handle c = sim.create_stream();
+  void* held = alloc.allocate(4 * k_kib, b);  // b is a stream the allocator knows: it allocated there
+  void* p = alloc.allocate(8 * k_mib - 2 * k_mib, a);
+  write(sim, a, p, 64, 3);
+  event_handle ready = sim.create_event();
+  sim.record(ready, a);
+  sim.stream_wait(b, ready);
+  write(sim, b, p, 8 * k_mib - 2 * k_mib, 4);  // b's optimizer kernel, still pending, writes the block
+  alloc.deallocate(p);                         // freed on the host, no record_stream
+  while (sim.pending(a) != 0) sim.run_one(a);  // a is past everything it was given
+  void* q = alloc.allocate(6 * k_mib, c);  // another stream: must take p's pages, unmapped from its VA
+  EXPECT_NE(q, nullptr);
+  EXPECT_EQ(sim.pending(b), 0u) << "the reclaim should have waited for stream b";
+  expect_clean(sim);  // no unmap under b's pending write
+  alloc.deallocate(q);
+  alloc.deallocate(held);
+  sim.run_all();
+  sim.destroy_event(ready);
+  alloc.verify();
+}
+
 TEST(Allocator, DeviceFullFallsBackToTheCache) {
   sim_options o;
   o.total_memory = 16 * k_mib;

@@ -63,7 +63,7 @@ inline constexpr int k_pointer_tables = 8;           // the tables a thread reme
 inline constexpr int k_table_regions = 32;           // regions a table holds
 inline constexpr std::size_t k_max_pack_bytes = std::size_t{1} << 20;  // larger copies are data, not scanned
 inline constexpr std::size_t k_pack_scan_bytes = 4096;  // the words scanned: 256 tensors' two addresses
-inline constexpr std::uint64_t k_table_lifetime = 16;   // kernels of the thread a table applies to
+inline constexpr std::uint64_t k_table_lifetime = 4;    // kernels of the thread a table applies to
 
 struct pointer_table {
   std::uint64_t begin = 0;  // the device range the pack was copied to (bytes == 0: unused)

@@ -52,9 +52,9 @@ struct residency_gate_calls {
 //   from host memory into a region is scanned like arguments, word by word, over its first k_pack_scan_bytes
 //   (the packs put the addresses first: split_with_sizes_copy's holds the destinations' and sources' addresses,
 //   then sizes, then a word per thread block, up to ~35 KB on an H100); when it holds addresses in regions, the
-//   thread remembers them as a table: the destination range and those regions. A kernel that the same thread launches within
-//   k_table_lifetime kernels, and one of whose argument words points into a remembered range, touches the table's
-//   regions too: they enter the gate with its own and are recorded with it. A table with more regions than it
+//   thread remembers them as a table: the destination range and those regions. A kernel that the same thread
+//   launches within k_table_lifetime kernels, and one of whose argument words points into a remembered range,
+//   touches the table's regions too: they enter the gate with its own and are recorded with it. A table with more regions than it
 //   holds makes such a kernel an unknown launch (Note [Unknown launches] in residency_gate.hpp).
 //   The pack and its kernel come from one operator call, so one thread's memory suffices; a pack copied by one
 //   thread and used by another's kernel is not seen, nor are addresses a kernel computes on the device (NCCL's

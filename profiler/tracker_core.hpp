@@ -87,8 +87,10 @@ struct tracker_stats {
   std::uint64_t truncated = 0;        // launches with more regions than recorded
   std::uint64_t dropped = 0;          // events lost to a full ring
   std::uint64_t nested_skipped = 0;   // driver callbacks of runtime calls, not counted again
-  std::uint64_t pointer_tables = 0;   // host copies that held region addresses (launch_recorder.hpp, Note [Pointer tables])
-  std::uint64_t table_launches = 0;   // kernels that took regions from such a table
+  // Note [Pointer tables] (launch_recorder.hpp): host copies that held region addresses, and the kernels that took
+  // regions from such a table.
+  std::uint64_t pointer_tables = 0;
+  std::uint64_t table_launches = 0;
   std::uint64_t launch_api_ns = 0;    // time inside kernel launch calls (entry to exit callback), all threads
   std::uint64_t launch_api_calls = 0; // ... over this many launches
   std::uint64_t launch_driver_ns = 0; // the part of launch_api_ns after the tracker's entry callback returned:

@@ -266,15 +266,23 @@ TEST(Allocator, ImpossibleRequestFailsWithoutTouchingTheDevice) {
   alloc.verify();
 }
 
-TEST(Allocator, ReclaimWaitsForPendingWorkBeforeUnmapping) {
-  sim_options o;
-  o.eager = false;
-  sim_driver sim(o);
-  allocator_options opts;
-  opts.budget = 8 * k_mib;
-  caching_allocator alloc(sim, opts);
+// A lazy simulated device, an allocator with an 8 MiB budget, and three streams.
+struct lazy_8mib {
+  static allocator_options budget() {
+    allocator_options opts;
+    opts.budget = 8 * k_mib;
+    return opts;
+  }
+  sim_driver sim{lazy_two_streams::lazy()};
+  caching_allocator alloc{sim, budget()};
   stream_handle a = sim.create_stream();
   stream_handle b = sim.create_stream();
+  stream_handle c = sim.create_stream();
+};
+
+TEST(Allocator, ReclaimWaitsForPendingWorkBeforeUnmapping) {
+  lazy_8mib f;
+  auto& [sim, alloc, a, b, c] = f;
   void* p = alloc.allocate(8 * k_mib, a);
   write(sim, a, p, 8 * k_mib, 3);
   alloc.deallocate(p);
@@ -294,15 +302,8 @@ TEST(Allocator, ReclaimWaitsForPendingWorkBeforeUnmapping) {
 // written by the optimizer on the compute stream, freed by zero_grad). PyTorch hands it out again only on a,
 // after the program's own waits; a reclaim unmaps it, and must wait for b too.
 TEST(Allocator, ReclaimWaitsForStreamsThatUsedTheBlockWithoutRecordStream) {
-  sim_options o;
-  o.eager = false;
-  sim_driver sim(o);
-  allocator_options opts;
-  opts.budget = 8 * k_mib;
-  caching_allocator alloc(sim, opts);
-  stream_handle a = sim.create_stream();
-  stream_handle b = sim.create_stream();
-  stream_handle c = sim.create_stream();
+  lazy_8mib f;
+  auto& [sim, alloc, a, b, c] = f;
   void* held = alloc.allocate(4 * k_kib, b);  // b is a stream the allocator knows: it allocated there
   void* p = alloc.allocate(8 * k_mib - 2 * k_mib, a);
   write(sim, a, p, 64, 3);

@@ -142,6 +142,21 @@ inline bool tables_apply(thread_scratch& t, const region_set& regions) noexcept 
   return any;
 }
 
+// A kernel's argument words through `lookup` into `out`: its parameters by their layout, else its `extra` buffer.
+// Returns why they could not be read, or none.
+inline undecoded_reason decode_arguments(const layout_lookup& found, void* const* args, void* const* extra,
+                                         region_lookup_fn lookup, region_set& out) noexcept {
+  if (args != nullptr) {
+    if (!found.has_layout) return undecoded_reason::no_layout;
+    decode_params(found.layout, args, lookup, out);
+  } else if (const extra_buffer buffer = parse_extra(extra); buffer.data != nullptr) {
+    scan_words(buffer.data, buffer.size, lookup, out);
+  } else {
+    return undecoded_reason::no_args;
+  }
+  return undecoded_reason::none;
+}
+
 // Note [Launch streams] (residency_gate.hpp): the launch's stream, for the residency engine's fences; once per
 // thread, stream and epoch of forgotten streams, so a compare per launch. CUDA's special handles (0, 1
 // CU_STREAM_LEGACY, 2 CU_STREAM_PER_THREAD) are not noted: the engine fences the legacy stream.
@@ -181,29 +196,14 @@ inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn 
   regions.clear();
   t.stream = stream;
   detail::note_stream(t, stream);
-  undecoded_reason reason = undecoded_reason::none;
   std::uint64_t query_context = 0;  // scratch for the query function (driver_query keeps a flag in it)
   const layout_lookup found = core.layouts().find_or_add(function, name, query, &query_context, t.params);
-  if (args != nullptr) {
-    if (found.has_layout) {
-      decode_params(found.layout, args, region_map::lookup, regions);
-    } else {
-      reason = undecoded_reason::no_layout;
-    }
-  } else if (const extra_buffer buffer = parse_extra(extra); buffer.data != nullptr) {
-    scan_words(buffer.data, buffer.size, region_map::lookup, regions);
-  } else {
-    reason = undecoded_reason::no_args;
-  }
+  undecoded_reason reason = detail::decode_arguments(found, args, extra, region_map::lookup, regions);
   ++t.kernels;
   t.table_used = t.table_unknown = false;
   if (t.tables_live != 0 && detail::tables_apply(t, regions)) {  // Note [Pointer tables]: the words again
     region_set words;  // only its word count changes: lookup_tables adds to `regions` and returns 0
-    if (args != nullptr) {
-      if (found.has_layout) decode_params(found.layout, args, detail::lookup_tables, words);
-    } else if (const extra_buffer buffer = parse_extra(extra); buffer.data != nullptr) {
-      scan_words(buffer.data, buffer.size, detail::lookup_tables, words);
-    }
+    (void)detail::decode_arguments(found, args, extra, detail::lookup_tables, words);
     if (t.table_unknown) t.gate.add(residency_gate::k_unknown_region);
     if (t.table_used) core.count_table_launch();
   }
@@ -214,11 +214,7 @@ inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn 
   detail::count_residency(regions, t);
   if (regions.truncated) {  // more regions than the set holds: enter the rest too
     region_set rest;  // only its word count changes: lookup_into_gate returns 0
-    if (args != nullptr) {
-      if (found.has_layout) decode_params(found.layout, args, detail::lookup_into_gate, rest);
-    } else if (const extra_buffer buffer = parse_extra(extra); buffer.data != nullptr) {
-      scan_words(buffer.data, buffer.size, detail::lookup_into_gate, rest);
-    }
+    (void)detail::decode_arguments(found, args, extra, detail::lookup_into_gate, rest);
   }
   t.gate.set_launch(core.record(launch_kind::kernel, stream, found.kernel, reason, regions));
 }

@@ -1211,10 +1211,7 @@ void caching_allocator::impl::record_fence_locked(std::vector<event_handle>& out
   for (stream_handle s : known) record_on(s);
   // Read now, after the segments went idle: a stream with launches before then is in the table (Note [Launch
   // streams]); one being destroyed meanwhile waits for its visit to end.
-  residency_gate::for_each_stream(port.context_id(), [&](std::uint64_t id) {
-    const auto s = reinterpret_cast<stream_handle>(id);
-    if (std::find(known.begin(), known.end(), s) == known.end()) record_on(s);
-  });
+  residency_gate::for_each_stream_besides(port.context_id(), known, record_on);
 }
 
 void caching_allocator::impl::fence_all_locked() {

@@ -1105,10 +1105,7 @@ struct residency_engine::impl {
     };
     for (stream_handle s : m.fence_streams) fence_on(s);
     // Note [Launch streams]: and the streams known only from launches, read after the snapshot.
-    gate::for_each_stream(port.context_id(), [&](std::uint64_t id) {
-      const auto s = reinterpret_cast<stream_handle>(id);
-      if (std::find(m.fence_streams.begin(), m.fence_streams.end(), s) == m.fence_streams.end()) fence_on(s);
-    });
+    gate::for_each_stream_besides(port.context_id(), m.fence_streams, fence_on);
   }
   // The last part: after the fences and an eviction's check digest (`digesting`: one may be enqueued into the
   // region's words), the copy unless the move checks, a prefetch's digest, and `done`.

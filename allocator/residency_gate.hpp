@@ -28,6 +28,7 @@
 // slices while its prefetch is in flight (Note [Waiting for a prefetch]).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -213,6 +214,14 @@ template <class F>
 void for_each_stream(std::uint64_t context, F&& f) {
   visit_streams(context, [](void* a, std::uint64_t s) { (*static_cast<std::remove_reference_t<F>*>(a))(s); },
                 static_cast<void*>(&f));
+}
+// ... those not among `known` (stream handles: the fences the caller records on its own streams), as handles.
+template <class Handles, class F>
+void for_each_stream_besides(std::uint64_t context, const Handles& known, F&& f) {
+  for_each_stream(context, [&](std::uint64_t id) {
+    const auto s = reinterpret_cast<typename Handles::value_type>(id);
+    if (std::find(known.begin(), known.end(), s) == known.end()) f(s);
+  });
 }
 
 // ---- the hit rate (LAYERSWAP_STATS): launches whose regions were all on the device when they were issued ----

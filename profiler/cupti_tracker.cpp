@@ -304,6 +304,18 @@ void record_unified_copy(tracker_core& core, thread_scratch& t, std::uint64_t st
   record_copy(core, t, launch_kind::memcpy, stream, dst, src);
 }
 
+// A runtime copy by its kind: from the host (record_host_copy), either way (record_unified_copy), or device memory.
+void record_runtime_copy(tracker_core& core, thread_scratch& t, std::uint64_t stream, const void* dst, const void* src,
+                         std::size_t bytes, cudaMemcpyKind kind) noexcept {
+  if (kind == cudaMemcpyHostToDevice) {
+    record_host_copy(core, t, stream, u64(dst), src, bytes);
+  } else if (kind == cudaMemcpyDefault) {
+    record_unified_copy(core, t, stream, u64(dst), u64(src), bytes);
+  } else {
+    record_copy(core, t, launch_kind::memcpy, stream, u64(dst), u64(src));
+  }
+}
+
 void on_runtime(tracker_core& core, thread_scratch& t, CUpti_CallbackId cbid, const CUpti_CallbackData* info) noexcept {
   switch (cbid) {
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000:
@@ -334,24 +346,12 @@ void on_runtime(tracker_core& core, thread_scratch& t, CUpti_CallbackId cbid, co
     case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020:
     case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000: {
       const auto& p = params_of<cudaMemcpyAsync_v3020_params>(info);
-      if (p.kind == cudaMemcpyHostToDevice) {
-        record_host_copy(core, t, stream_value(p.stream), u64(p.dst), p.src, p.count);
-      } else if (p.kind == cudaMemcpyDefault) {
-        record_unified_copy(core, t, stream_value(p.stream), u64(p.dst), u64(p.src), p.count);
-      } else {
-        record_copy(core, t, launch_kind::memcpy, stream_value(p.stream), u64(p.dst), u64(p.src));
-      }
+      record_runtime_copy(core, t, stream_value(p.stream), p.dst, p.src, p.count, p.kind);
       break;
     }
     case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020: {
       const auto& p = params_of<cudaMemcpy_v3020_params>(info);
-      if (p.kind == cudaMemcpyHostToDevice) {
-        record_host_copy(core, t, 0, u64(p.dst), p.src, p.count);
-      } else if (p.kind == cudaMemcpyDefault) {
-        record_unified_copy(core, t, 0, u64(p.dst), u64(p.src), p.count);
-      } else {
-        record_copy(core, t, launch_kind::memcpy, 0, u64(p.dst), u64(p.src));
-      }
+      record_runtime_copy(core, t, 0, p.dst, p.src, p.count, p.kind);
       break;
     }
     case CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020:

@@ -88,7 +88,39 @@ def nccl_probe(device):
     return {"region": region, "value_ok": bool((x == dist.get_world_size()).all().item()),
             "nccl_launches": len(launches), "kernels": sorted({k for k, _ in launches}),
             "with_the_region": sum(1 for _, r in launches if region in r),
-            "regions_seen": sorted({r for _, rs in launches for r in rs})[:16]}
+            "regions_seen": sorted({r for _, rs in launches for r in rs})[:16],
+            "coalesced": coalesced_probe(device)}
+
+
+def coalesced_probe(device, tensors=128):
+    """All-reduces of `tensors` fresh 2 MiB tensors in one NCCL group (a coalesced all-reduce), whose work is too
+    large for the kernel's arguments: NCCL puts it in its FIFO. Note [Work elsewhere] (profiler/launch_recorder.hpp):
+    every NCCL launch that names none of the tensors' regions must be an unknown launch (undecoded_by_reason's
+    work_elsewhere). `safe` says so; `fifo` whether any launch named none (NCCL took the FIFO)."""
+    import torch
+    import torch.distributed as dist
+    import layerswap.tracker as lt
+    from torch.distributed.distributed_c10d import _coalescing_manager
+    ys = [torch.full((MIB // 2,), float(i), device=device) for i in range(tensors)]
+    regions = {lt.region_of(y.data_ptr()) for y in ys}
+    torch.cuda.synchronize(device)
+    lt.drain()
+    before = dict(lt.stats().get("undecoded_by_reason", {})).get("work_elsewhere")
+    with _coalescing_manager(device=device):
+        for y in ys:
+            dist.all_reduce(y)
+    torch.cuda.synchronize(device)
+    time.sleep(0.05)
+    after = dict(lt.stats().get("undecoded_by_reason", {})).get("work_elsewhere")
+    launches = [set(rs) & regions for _, _, kernel, rs in lt.drain() if "nccl" in kernel.lower()]
+    unnamed = sum(1 for rs in launches if not rs)
+    unknown = None if before is None or after is None else after - before
+    n = dist.get_world_size()
+    return {"tensors": tensors, "regions": len(regions), "nccl_launches": len(launches),
+            "launches_naming_none": unnamed,
+            "regions_named": len(set().union(*launches)) if launches else 0, "work_elsewhere_launches": unknown,
+            "fifo": unnamed > 0, "safe": unnamed == 0 or unknown == unnamed,
+            "value_ok": all(bool((y == float(i) * n).all().item()) for i, y in enumerate(ys))}
 
 
 def worker(args):

@@ -16,6 +16,7 @@ enum class undecoded_reason : std::uint8_t {
   no_layout,  // the param info queries failed for this function and no `extra` buffer was given
   no_args,    // no kernelParams and no `extra` buffer
   graph,      // a graph launch: its nodes' arguments are not visible at launch time
+  work_elsewhere,  // an NCCL kernel naming no region: its work is in NCCL's FIFO (Note [Work elsewhere])
   count_
 };
 inline constexpr int k_undecoded_reasons = static_cast<int>(undecoded_reason::count_);

@@ -54,17 +54,28 @@ struct residency_gate_calls {
 //   then sizes, then a word per thread block, up to ~35 KB on an H100); when it holds addresses in regions, the
 //   thread remembers them as a table: the destination range and those regions. A kernel that the same thread
 //   launches within k_table_lifetime kernels, and one of whose argument words points into a remembered range,
-//   touches the table's regions too: they enter the gate with its own and are recorded with it. A table with more regions than it
-//   holds makes such a kernel an unknown launch (Note [Unknown launches] in residency_gate.hpp).
+//   touches the table's regions too: they enter the gate with its own and are recorded with it. A table with more
+//   regions than it holds makes such a kernel an unknown launch (Note [Unknown launches] in residency_gate.hpp).
 //   The pack and its kernel come from one operator call, so one thread's memory suffices; a pack copied by one
 //   thread and used by another's kernel is not seen, nor are addresses a kernel computes on the device (NCCL's
-//   work in its FIFO): the limits of the tracker's sight (docs/tracker.md).
+//   work in its FIFO, Note [Work elsewhere]): the limits of the tracker's sight (docs/tracker.md).
 inline constexpr int k_pointer_tables = 8;           // the tables a thread remembers (the oldest is replaced)
 inline constexpr int k_table_regions = 32;           // regions a table holds
 inline constexpr std::size_t k_max_pack_bytes = std::size_t{1} << 20;  // larger copies are data, not scanned
 inline constexpr std::size_t k_pack_scan_bytes = 4096;  // the words scanned: 256 tensors' two addresses
 inline constexpr std::uint64_t k_table_lifetime = 4;    // kernels of the thread a table applies to
 
+// Note [Work elsewhere]
+//   NCCL's kernels take their work (each collective's buffers' addresses) in their arguments while it fits in
+//   their 4 KiB of parameters, and from NCCL's work FIFO, a ring in pinned host memory, when it does not: a group
+//   of many collectives (a coalesced all-reduce of many tensors). Then their arguments hold only the FIFO's
+//   offsets, and the tracker would record a kernel that touches no region while it reads and writes the program's
+//   buffers: a move could copy a buffer it is writing, or a remap run under it (DESIGN.md invariants 3 and 4). The
+//   FIFO's layout is NCCL's own and changes between versions, so the tracker does not read it; instead a kernel
+//   whose name is NCCL's (takes_work_elsewhere, layout_cache.hpp) and whose arguments name no region is an unknown
+//   launch (Note [Unknown launches] in residency_gate.hpp). The buffers of an NCCL kernel come from the program's
+//   allocator, so one whose work is in its arguments names their regions and is recorded as any kernel; one that
+//   names none is rare (the FSDP2 and DDP runs of sessions 56-57 had none): safe, and slow only where frequent.
 struct pointer_table {
   std::uint64_t begin = 0;  // the device range the pack was copied to (bytes == 0: unused)
   std::uint64_t bytes = 0;
@@ -207,7 +218,11 @@ inline void record_kernel(tracker_core& core, thread_scratch& t, param_query_fn 
     if (t.table_unknown) t.gate.add(residency_gate::k_unknown_region);
     if (t.table_used) core.count_table_launch();
   }
-  if (regions.count > 0) reason = undecoded_reason::none;
+  if (regions.count > 0) {
+    reason = undecoded_reason::none;
+  } else if (found.work_elsewhere && reason == undecoded_reason::none) {
+    reason = undecoded_reason::work_elsewhere;  // Note [Work elsewhere]
+  }
   t.gate.add_all(regions);
   // Arguments not read: the launch may touch any region (residency_gate.hpp, Note [Unknown launches]).
   if (reason != undecoded_reason::none) t.gate.add(residency_gate::k_unknown_region);

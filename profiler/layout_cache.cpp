@@ -49,6 +49,7 @@ struct layout_cache::entry {
   std::atomic<std::uint64_t> key{0};
   std::atomic<std::uint8_t> state{k_filling};
   bool truncated = false;
+  bool work_elsewhere = false;
   std::uint32_t first = 0;  // into params_
   std::uint32_t count = 0;
   std::atomic<std::uint32_t> name_offset{0};
@@ -66,11 +67,19 @@ layout_cache::layout_cache(std::size_t entries, std::size_t param_pool, std::siz
 
 layout_cache::~layout_cache() { delete[] entries_; }
 
+bool takes_work_elsewhere(const char* name) noexcept {
+  if (name == nullptr) return false;
+  const std::string_view n(name);
+  // NCCL 2.19 and later name them ncclDevKernel_<op>_..., earlier ones ncclKernel_<op>_...
+  return n.find("ncclDevKernel") != std::string_view::npos || n.find("ncclKernel") != std::string_view::npos;
+}
+
 layout_lookup layout_cache::find_or_add(std::uint64_t function, const char* name, param_query_fn query,
                                         void* context, param_slot* scratch) noexcept {
   layout_lookup out;
   const auto from_scratch = [&](std::uint32_t kernel, query_status s, std::uint32_t count) {
     out.kernel = kernel;
+    out.work_elsewhere = takes_work_elsewhere(name);
     out.has_layout = s == query_status::ok;
     out.layout = param_layout{scratch, count};
     return out;
@@ -99,6 +108,8 @@ layout_lookup layout_cache::find_or_add(std::uint64_t function, const char* name
     e.first = static_cast<std::uint32_t>(first);
     e.count = count;
     e.truncated = out.truncated;
+    e.work_elsewhere = takes_work_elsewhere(name);
+    out.work_elsewhere = e.work_elsewhere;
     e.state.store(s == query_status::ok ? k_ready : k_failed, std::memory_order_release);
     out.kernel = kernel;
     out.has_layout = s == query_status::ok;
@@ -137,6 +148,7 @@ layout_lookup layout_cache::find_or_add(std::uint64_t function, const char* name
     out.kernel = kernel;
     out.has_layout = state == k_ready;
     out.truncated = e.truncated;
+    out.work_elsewhere = e.work_elsewhere;
     out.layout = param_layout{params_.get() + e.first, e.count};
     return out;
   }

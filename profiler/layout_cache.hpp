@@ -30,8 +30,14 @@ struct layout_lookup {
   std::uint32_t kernel = 0;  // kernel id (1-based entry index), 0 when the table is full
   bool has_layout = false;   // false: the queries failed (no_layout)
   bool truncated = false;    // more than k_max_params parameters
+  // The function may take its buffers' addresses from memory outside its arguments when they name no region:
+  // NCCL's kernels (launch_recorder.hpp, Note [Work elsewhere]). Decided by the name when the function is added.
+  bool work_elsewhere = false;
   param_layout layout;
 };
+
+// Whether a kernel named `name` (mangled or not; may be null) is one of NCCL's (Note [Work elsewhere]).
+[[nodiscard]] bool takes_work_elsewhere(const char* name) noexcept;
 
 class layout_cache {
  public:

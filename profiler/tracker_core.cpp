@@ -20,6 +20,7 @@ const char* reason_name(undecoded_reason r) noexcept {
     case undecoded_reason::no_layout: return "no_layout";
     case undecoded_reason::no_args: return "no_args";
     case undecoded_reason::graph: return "graph";
+    case undecoded_reason::work_elsewhere: return "work_elsewhere";
     case undecoded_reason::count_: break;
   }
   return "?";

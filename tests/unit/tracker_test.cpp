@@ -691,6 +691,60 @@ TEST(LaunchRecorder, LaunchesOnTheEngineStreamsAreLeftOut) {
   residency_gate::remove_internal_stream(engine_stream);
 }
 
+// Note [Work elsewhere] (launch_recorder.hpp): an NCCL kernel whose arguments name no region reads its work from
+// NCCL's FIFO, so it may touch any region: an unknown launch. One whose arguments name a region, and any other
+// kernel naming none, are recorded as usual. The name is read once, when the function enters the layout cache.
+TEST(LaunchRecorder, AnNcclKernelWhoseArgumentsNameNoRegionIsAnUnknownLaunch) {
+  constexpr std::uint64_t base = std::uint64_t{0x7c} << 40;
+  const published_arena arena(base, std::size_t{64} << 20, 21);
+  const region_id id = region_map::next_region_id();
+  const region_id other = region_map::next_region_id();
+  arena.publish(0, 2, id);
+  arena.publish(2, 2, other);
+  residency_gate::prepare(id);
+  residency_gate::prepare(other);
+  tracker_core core;
+  fake_functions fake;
+  thread_scratch& t = this_thread_scratch();
+  constexpr const char* nccl = "_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE";
+  constexpr const char* old_nccl = "ncclKernel_AllReduce_RING_LL_Sum_float";
+  EXPECT_TRUE(takes_work_elsewhere(nccl));
+  EXPECT_TRUE(takes_work_elsewhere(old_nccl));
+  EXPECT_FALSE(takes_work_elsewhere("_ZN2at6native29vectorized_elementwise_kernelILi4EEEvv"));
+  EXPECT_FALSE(takes_work_elsewhere(nullptr));
+  const std::uint64_t in_region = base + 4096;
+  const std::uint64_t outside = 0x1234'5678;  // pinned host memory: NCCL's FIFO
+  // One 8-byte parameter (function ids 1 and 8: id % 7 parameters).
+  const auto launch = [&](std::uint64_t function, const char* name, std::uint64_t pointer) {
+    void* args[] = {&pointer};
+    t.gate.open();
+    record_kernel(core, t, fake_functions::query, function, name, 0x5000, args, nullptr);
+    t.gate.close();
+  };
+  const auto unknown_launches = [&] {
+    return core.stats().undecoded[static_cast<int>(undecoded_reason::work_elsewhere)];
+  };
+  for (int round = 0; round < 2; ++round) {  // the first fills the layout cache, the second reads it
+    const std::uint64_t id_before = residency_gate::sequence(id);
+    const std::uint64_t other_before = residency_gate::sequence(other);
+    const std::uint64_t unknown_before = unknown_launches();
+    launch(8, nccl, outside);
+    EXPECT_EQ(unknown_launches(), unknown_before + 1) << "round " << round;
+    EXPECT_EQ(residency_gate::sequence(id), id_before + 1) << "an NCCL kernel naming no region may touch any region";
+    EXPECT_EQ(residency_gate::sequence(other), other_before + 1);
+    launch(8, nccl, in_region);
+    EXPECT_EQ(unknown_launches(), unknown_before + 1) << "an NCCL kernel naming its buffer is decoded";
+    EXPECT_EQ(residency_gate::sequence(id), id_before + 2);
+    EXPECT_EQ(residency_gate::sequence(other), other_before + 1);
+    launch(1, "kernel_with_one_pointer", outside);
+    EXPECT_EQ(unknown_launches(), unknown_before + 1) << "another kernel naming no region is not unknown";
+    EXPECT_EQ(residency_gate::sequence(other), other_before + 1);
+  }
+  const tracker_stats s = core.stats();
+  EXPECT_EQ(s.launches, 6u);
+  EXPECT_EQ(s.decoded, 4u);
+}
+
 // Note [Pointer tables] (launch_recorder.hpp): PyTorch's split_with_sizes_copy and _chunk_cat (FSDP2's copy-out
 // and copy-in) copy a pack of tensor addresses from pinned host memory to the device and pass the kernel only the
 // pack's address. The tensors must reach the gate and the access stream with the kernel's own regions.

@@ -14,10 +14,13 @@ A case is model:fraction[:wrap]. The wrap is how the model is made data-parallel
 DistributedDataParallel as most scripts call it; `ddp-views`, the same with gradient_as_bucket_view=True (the
 gradients are views into DDP's buckets instead of a second copy of them); `fsdp`, FSDP2's fully_shard on each
 decoder layer and on the model (each rank holds its shard of the parameters, gradients and optimizer state, and
-all-gathers a layer's parameters around its use).
+all-gathers a layer's parameters around its use); `solo`, no data parallelism: each process trains its own model on
+its own GPU, independently (the process group is made for the probe and the final barrier only). `solo` measures
+what the processes of one host cost each other, apart from DDP's communication: the same case with --gpus 1 is one
+GPU alone.
 
-Needs 2+ GPUs; with fewer it says so and exits with status 0 (nothing checked). Exit status 1 when a case's
-results differ.
+Needs 2+ GPUs (`solo` 1+); with fewer it says so and exits with status 0 (nothing checked). Exit status 1 when a
+case's results differ.
 """
 import argparse
 import hashlib
@@ -33,7 +36,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 MIB = 1 << 20
 
 
-WRAPS = ("ddp", "ddp-views", "fsdp")
+WRAPS = ("ddp", "ddp-views", "fsdp", "solo")
 
 
 def parse_cases(text):
@@ -155,6 +158,8 @@ def worker(args):
         model = fully_shard(built.model)
         # The optimizer over the sharded parameters (DTensors), as swap_models.build_case builds it.
         built.optimizer, _ = sm.llama_optimizer(built.model, cfg, args.case == "llama-lora")
+    elif args.wrap == "solo":
+        model = built.model
     else:
         model = torch.nn.parallel.DistributedDataParallel(built.model, device_ids=[local],
                                                           gradient_as_bucket_view=args.wrap == "ddp-views")
@@ -296,11 +301,13 @@ def main():
     if args.worker:
         worker(args)
         return 0
-    if args.gpus < 2:
-        raise SystemExit("--gpus: data-parallel training needs at least 2")
+    if args.gpus < 1:
+        raise SystemExit(f"--gpus: {args.gpus} is not a GPU count (at least 1 for solo cases, 2 for the others)")
     if args.steps < 4:
         raise SystemExit("--steps: at least 4 (3 warm-up steps, then the timed ones)")
     cases = parse_cases(args.cases)
+    if args.gpus < 2 and any(wrap != "solo" for _, _, wrap in cases):
+        raise SystemExit("--gpus: data-parallel training needs at least 2 (only solo cases run on 1)")
     import torch
     visible = torch.cuda.device_count()
     if visible < args.gpus:

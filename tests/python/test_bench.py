@@ -168,18 +168,20 @@ def test_ddp_check_arguments():
     r = run("--cases", "unet:0.25")
     assert r.returncode != 0 and "llama-full:F[:WRAP] or llama-lora:F[:WRAP]" in r.stderr, r.stderr
     r = run("--cases", "llama-full:0.25:zero3")
-    assert r.returncode != 0 and "not one of ddp, ddp-views, fsdp" in r.stderr, r.stderr
+    assert r.returncode != 0 and "not one of ddp, ddp-views, fsdp, solo" in r.stderr, r.stderr
     r = run("--cases", "llama-full:quarter")
     assert r.returncode != 0 and "is not a number" in r.stderr, r.stderr
     r = run("--cases", "llama-full:1.5")
     assert r.returncode != 0 and "must be in (0, 1]" in r.stderr, r.stderr
     r = run("--gpus", "1")
-    assert r.returncode != 0 and "at least 2" in r.stderr, r.stderr
+    assert r.returncode != 0 and "at least 2 (only solo cases run on 1)" in r.stderr, r.stderr
+    r = run("--gpus", "0", "--cases", "llama-full:0.25:solo")
+    assert r.returncode != 0 and "--gpus: 0 is not a GPU count" in r.stderr, r.stderr
     sys.path.insert(0, str(BENCH))
     import ddp_check
 
-    assert ddp_check.parse_cases("llama-full:0.25, llama-lora:0.5:fsdp") == [("llama-full", 0.25, "ddp"),
-                                                                              ("llama-lora", 0.5, "fsdp")]
+    assert ddp_check.parse_cases("llama-full:0.25, llama-lora:0.5:fsdp,llama-full:0.1:solo") == [
+        ("llama-full", 0.25, "ddp"), ("llama-lora", 0.5, "fsdp"), ("llama-full", 0.1, "solo")]
     if pytest.importorskip("torch").cuda.device_count() < 2:
         r = run("--gpus", "2", "--steps", "4")
         assert r.returncode == 0 and "nothing checked" in r.stdout, r.stdout + r.stderr

@@ -20,7 +20,8 @@ what the processes of one host cost each other, apart from DDP's communication: 
 GPU alone.
 
 Needs 2+ GPUs (`solo` 1+); with fewer it says so and exits with status 0 (nothing checked). Exit status 1 when a
-case's results differ.
+case's results differ, or when the NCCL probe's coalesced all-reduce went to NCCL's FIFO and the tracker recorded it
+as a known launch (profiler/launch_recorder.hpp, Note [Work elsewhere]).
 """
 import argparse
 import hashlib
@@ -282,6 +283,13 @@ def check_case(args, case, fraction, wrap, tmp):
     return out
 
 
+def fifo_unsafe_ranks(case_result):
+    """The ranks whose NCCL probe saw a coalesced all-reduce in NCCL's FIFO recorded as a known launch touching none
+    of its buffers (Note [Work elsewhere] in profiler/launch_recorder.hpp: it must be an unknown launch)."""
+    return [p["rank"] for p in case_result.get("per_rank", [])
+            if not ((p.get("nccl_probe") or {}).get("coalesced") or {}).get("safe", True)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, default=2)
@@ -324,6 +332,12 @@ def main():
                 c = {"case": case, "wrap": wrap, "budget_fraction": fraction, "error": str(err), "bitwise_equal": False}
             results["cases"].append(c)
             failed |= not c["bitwise_equal"]
+            unsafe = fifo_unsafe_ranks(c)
+            if unsafe:
+                c["nccl_fifo_unsafe_ranks"] = unsafe
+                print(f"{case} ({wrap}): ranks {unsafe}: an NCCL kernel reading its work from NCCL's FIFO was "
+                      "recorded as a known launch touching none of its buffers", flush=True)
+                failed = True
             per = c.get("per_rank", [])
             brief = ("bytes_h2d_per_step", "bytes_d2h_per_step", "hit_rate_timed", "call_s_per_step",
                      "host_wait_s_per_step", "launch_wait_s_per_step", "remap_s_per_step")

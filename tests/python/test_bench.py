@@ -182,6 +182,11 @@ def test_ddp_check_arguments():
 
     assert ddp_check.parse_cases("llama-full:0.25, llama-lora:0.5:fsdp,llama-full:0.1:solo") == [
         ("llama-full", 0.25, "ddp"), ("llama-lora", 0.5, "fsdp"), ("llama-full", 0.1, "solo")]
+    probe = lambda safe: {"nccl_probe": {"coalesced": {"safe": safe}}}  # noqa: E731
+    assert ddp_check.fifo_unsafe_ranks({"per_rank": [{"rank": 0, **probe(True)}, {"rank": 1, **probe(False)}]}) == [1]
+    no_probe = {"rank": 0, "nccl_probe": None}  # the resident side, or an older run
+    assert ddp_check.fifo_unsafe_ranks({"per_rank": [no_probe, {"rank": 1, **probe(True)}]}) == []
+    assert ddp_check.fifo_unsafe_ranks({"error": "torchrun exited with 1"}) == []
     if pytest.importorskip("torch").cuda.device_count() < 2:
         r = run("--gpus", "2", "--steps", "4")
         assert r.returncode == 0 and "nothing checked" in r.stdout, r.stdout + r.stderr

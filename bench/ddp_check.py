@@ -76,19 +76,32 @@ def param_digest(model):
     return h.hexdigest()
 
 
+def tracked_nccl_launches(device, collective):
+    """Runs `collective()` and returns what the tracker recorded of its NCCL kernel launches, [(kernel, [region
+    ids])], and how many launches it counted as undecoded for `work_elsewhere` meanwhile (None if it counts none)."""
+    import torch
+    import layerswap.tracker as lt
+    unknown = lambda: dict(lt.stats().get("undecoded_by_reason", {})).get("work_elsewhere")  # noqa: E731
+    torch.cuda.synchronize(device)
+    lt.drain()  # the launches before (the learner has read them)
+    before = unknown()
+    collective()
+    torch.cuda.synchronize(device)
+    time.sleep(0.05)  # the tracker's consumer moves launches to drain()'s buffer every millisecond
+    after = unknown()
+    launches = [(kernel, regions) for _, _, kernel, regions in lt.drain() if "nccl" in kernel.lower()]
+    return launches, None if before is None or after is None else after - before
+
+
 def nccl_probe(device):
-    """One all-reduce of a fresh 64 MiB tensor, and what the tracker recorded of its kernel launches."""
+    """One all-reduce of a fresh 64 MiB tensor, and what the tracker recorded of its kernel launches; then the
+    coalesced probe."""
     import torch
     import torch.distributed as dist
     import layerswap.tracker as lt
-    torch.cuda.synchronize(device)
-    lt.drain()  # the launches before (the learner has read them)
     x = torch.ones(16 * MIB, device=device)  # its own region (a large allocation)
     region = lt.region_of(x.data_ptr())
-    dist.all_reduce(x)
-    torch.cuda.synchronize(device)
-    time.sleep(0.05)  # the tracker's consumer moves launches to drain()'s buffer every millisecond
-    launches = [(kernel, regions) for _, _, kernel, regions in lt.drain() if "nccl" in kernel.lower()]
+    launches, _ = tracked_nccl_launches(device, lambda: dist.all_reduce(x))
     return {"region": region, "value_ok": bool((x == dist.get_world_size()).all().item()),
             "nccl_launches": len(launches), "kernels": sorted({k for k, _ in launches}),
             "with_the_region": sum(1 for _, r in launches if region in r),
@@ -107,18 +120,15 @@ def coalesced_probe(device, tensors=128):
     from torch.distributed.distributed_c10d import _coalescing_manager
     ys = [torch.full((MIB // 2,), float(i), device=device) for i in range(tensors)]
     regions = {lt.region_of(y.data_ptr()) for y in ys}
-    torch.cuda.synchronize(device)
-    lt.drain()
-    before = dict(lt.stats().get("undecoded_by_reason", {})).get("work_elsewhere")
-    with _coalescing_manager(device=device):
-        for y in ys:
-            dist.all_reduce(y)
-    torch.cuda.synchronize(device)
-    time.sleep(0.05)
-    after = dict(lt.stats().get("undecoded_by_reason", {})).get("work_elsewhere")
-    launches = [set(rs) & regions for _, _, kernel, rs in lt.drain() if "nccl" in kernel.lower()]
+
+    def group():
+        with _coalescing_manager(device=device):
+            for y in ys:
+                dist.all_reduce(y)
+
+    tracked, unknown = tracked_nccl_launches(device, group)
+    launches = [set(rs) & regions for _, rs in tracked]
     unnamed = sum(1 for rs in launches if not rs)
-    unknown = None if before is None or after is None else after - before
     n = dist.get_world_size()
     return {"tensors": tensors, "regions": len(regions), "nccl_launches": len(launches),
             "launches_naming_none": unnamed,

@@ -17,6 +17,17 @@ constexpr std::uint8_t k_failed = 2;
 constexpr std::uint8_t k_retry = 3;
 constexpr std::uint8_t k_uncached = 4;
 
+// Note [Named late]
+//   CUPTI may give a launch no name (symbolName null). Whether a function is NCCL's (takes_work_elsewhere) is read
+//   from its name once, so a function whose first launch came nameless would be taken for none of NCCL's forever,
+//   and its launches whose work is in NCCL's FIFO recorded as touching no region (launch_recorder.hpp, Note [Work
+//   elsewhere]). So an entry is named apart from its layout: by the first launch that has a name, whichever that is
+//   (one thread wins the claim, k_unnamed -> k_naming; it stores the name and the flag, then k_named with release).
+//   Until then every launch decides the flag from its own name, as an uncached launch does.
+constexpr std::uint8_t k_unnamed = 0;
+constexpr std::uint8_t k_naming = 1;
+constexpr std::uint8_t k_named = 2;
+
 // Queries every parameter into `out` (k_max_params slots).
 query_status query_all(std::uint64_t function, param_query_fn query, void* context, param_slot* out,
                        std::uint32_t& count, bool& truncated) noexcept {
@@ -48,8 +59,9 @@ std::size_t hash(std::uint64_t key) noexcept {
 struct layout_cache::entry {
   std::atomic<std::uint64_t> key{0};
   std::atomic<std::uint8_t> state{k_filling};
+  std::atomic<std::uint8_t> naming{k_unnamed};  // Note [Named late]
   bool truncated = false;
-  bool work_elsewhere = false;
+  bool work_elsewhere = false;  // written before `naming` becomes k_named, read after it is seen so
   std::uint32_t first = 0;  // into params_
   std::uint32_t count = 0;
   std::atomic<std::uint32_t> name_offset{0};
@@ -84,6 +96,24 @@ layout_lookup layout_cache::find_or_add(std::uint64_t function, const char* name
     out.layout = param_layout{scratch, count};
     return out;
   };
+  // Names entry `e` from this launch's name if nobody has (Note [Named late]); the flag for this launch either way.
+  const auto name_entry = [&](entry& e) {
+    if (e.naming.load(std::memory_order_acquire) == k_named) return e.work_elsewhere;
+    if (name == nullptr) return false;
+    const bool flag = takes_work_elsewhere(name);
+    std::uint8_t unnamed = k_unnamed;
+    if (!e.naming.compare_exchange_strong(unnamed, k_naming, std::memory_order_acq_rel)) return flag;
+    const std::size_t length = std::min(std::strlen(name), k_max_name);
+    const std::size_t at = names_used_.fetch_add(length, std::memory_order_relaxed);
+    if (length > 0 && at + length <= name_capacity_) {
+      std::memcpy(names_.get() + at, name, length);
+      e.name_offset.store(static_cast<std::uint32_t>(at), std::memory_order_relaxed);
+      e.name_length.store(static_cast<std::uint32_t>(length), std::memory_order_release);
+    }
+    e.work_elsewhere = flag;
+    e.naming.store(k_named, std::memory_order_release);
+    return flag;
+  };
   const auto uncached = [&](std::uint32_t kernel) {
     uncached_.fetch_add(1, std::memory_order_relaxed);
     std::uint32_t count = 0;
@@ -108,8 +138,7 @@ layout_lookup layout_cache::find_or_add(std::uint64_t function, const char* name
     e.first = static_cast<std::uint32_t>(first);
     e.count = count;
     e.truncated = out.truncated;
-    e.work_elsewhere = takes_work_elsewhere(name);
-    out.work_elsewhere = e.work_elsewhere;
+    out.work_elsewhere = name_entry(e);
     e.state.store(s == query_status::ok ? k_ready : k_failed, std::memory_order_release);
     out.kernel = kernel;
     out.has_layout = s == query_status::ok;
@@ -127,15 +156,7 @@ layout_lookup layout_cache::find_or_add(std::uint64_t function, const char* name
         return uncached(kernel);        // the same function, being filled by another thread
       }
       used_.fetch_add(1, std::memory_order_relaxed);
-      if (name != nullptr) {
-        const std::size_t length = std::min(std::strlen(name), k_max_name);
-        const std::size_t at = names_used_.fetch_add(length, std::memory_order_relaxed);
-        if (length > 0 && at + length <= name_capacity_) {
-          std::memcpy(names_.get() + at, name, length);
-          e.name_offset.store(static_cast<std::uint32_t>(at), std::memory_order_relaxed);
-          e.name_length.store(static_cast<std::uint32_t>(length), std::memory_order_release);
-        }
-      }
+      (void)name_entry(e);  // the name first, for name() while the layout is queried
       return fill(e, kernel);
     }
     if (key != function) continue;
@@ -148,7 +169,7 @@ layout_lookup layout_cache::find_or_add(std::uint64_t function, const char* name
     out.kernel = kernel;
     out.has_layout = state == k_ready;
     out.truncated = e.truncated;
-    out.work_elsewhere = e.work_elsewhere;
+    out.work_elsewhere = name_entry(e);
     out.layout = param_layout{params_.get() + e.first, e.count};
     return out;
   }

@@ -31,7 +31,8 @@ struct layout_lookup {
   bool has_layout = false;   // false: the queries failed (no_layout)
   bool truncated = false;    // more than k_max_params parameters
   // The function may take its buffers' addresses from memory outside its arguments when they name no region:
-  // NCCL's kernels (launch_recorder.hpp, Note [Work elsewhere]). Decided by the name when the function is added.
+  // NCCL's kernels (launch_recorder.hpp, Note [Work elsewhere]). Decided by the function's first
+  // named launch (layout_cache.cpp, Note [Named late]).
   bool work_elsewhere = false;
   param_layout layout;
 };

@@ -256,6 +256,32 @@ TEST(LayoutCache, QueriesOncePerFunctionAndKeepsTheName) {
   EXPECT_EQ(cache.functions(), 1u);
 }
 
+// Note [Named late] (layout_cache.cpp): a function whose first launch came with no name takes the name of the first
+// launch that has one, and whether it is NCCL's with it; the layout is still queried once.
+TEST(LayoutCache, AFunctionFirstLaunchedWithNoNameIsNamedByItsFirstNamedLaunch) {
+  layout_cache cache(64);
+  fake_functions fake;
+  param_slot scratch[k_max_params];
+  constexpr const char* nccl = "_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE";
+  const layout_lookup first = cache.find_or_add(8, nullptr, fake_functions::query, &fake, scratch);
+  EXPECT_TRUE(first.has_layout);
+  EXPECT_FALSE(first.work_elsewhere) << "nothing tells a nameless launch's function apart";
+  EXPECT_EQ(cache.name(first.kernel), "");
+  const int queries = fake.queries.load();
+  const layout_lookup nameless = cache.find_or_add(8, nullptr, fake_functions::query, &fake, scratch);
+  EXPECT_FALSE(nameless.work_elsewhere);
+  const layout_lookup named = cache.find_or_add(8, nccl, fake_functions::query, &fake, scratch);
+  EXPECT_EQ(named.kernel, first.kernel);
+  EXPECT_TRUE(named.work_elsewhere) << "the first named launch decides";
+  EXPECT_EQ(cache.name(first.kernel), nccl);
+  const layout_lookup after = cache.find_or_add(8, nullptr, fake_functions::query, &fake, scratch);
+  EXPECT_TRUE(after.work_elsewhere) << "a nameless launch after it reads the entry's flag";
+  const layout_lookup renamed = cache.find_or_add(8, "another_name", fake_functions::query, &fake, scratch);
+  EXPECT_TRUE(renamed.work_elsewhere) << "an entry is named once";
+  EXPECT_EQ(cache.name(first.kernel), nccl);
+  EXPECT_EQ(fake.queries.load(), queries) << "the layout was queried again";
+}
+
 TEST(LayoutCache, FailuresAreCachedAndLaterIsRetried) {
   layout_cache cache(64);
   fake_functions fake;
@@ -693,7 +719,7 @@ TEST(LaunchRecorder, LaunchesOnTheEngineStreamsAreLeftOut) {
 
 // Note [Work elsewhere] (launch_recorder.hpp): an NCCL kernel whose arguments name no region reads its work from
 // NCCL's FIFO, so it may touch any region: an unknown launch. One whose arguments name a region, and any other
-// kernel naming none, are recorded as usual. The name is read once, when the function enters the layout cache.
+// kernel naming none, are recorded as usual. The name is read once, by the function's first named launch.
 TEST(LaunchRecorder, AnNcclKernelWhoseArgumentsNameNoRegionIsAnUnknownLaunch) {
   constexpr std::uint64_t base = std::uint64_t{0x7c} << 40;
   const published_arena arena(base, std::size_t{64} << 20, 21);

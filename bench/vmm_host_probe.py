@@ -55,7 +55,10 @@ def time_one(cu, dev, loc_type, mib, reps, flags):
 
 
 def main():
-    a = size_probe_args("32,128", 7, "vmm_host_probe.json", "allocation sizes in MiB, comma-separated (default 32,128)")
+    a = size_probe_args("32,128", 7, "vmm_host_probe.json", "allocation sizes in MiB, comma-separated (default 32,128)",
+                        lambda ap: ap.add_argument("--start-at", type=float, metavar="EPOCH_S",
+                                                   help="wait until this wall-clock time (time.time()) before the first "
+                                                        "row, so that several processes time their rows together"))
     cu, dev = open_driver()
     rw, ro = CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ACCESS_FLAGS_PROT_READ
     kinds = [("device", CU_MEM_LOCATION_TYPE_DEVICE, rw), ("host", CU_MEM_LOCATION_TYPE_HOST, rw),
@@ -67,13 +70,19 @@ def main():
            "hugepages": [line.strip() for line in (read_text("/proc/meminfo") or "").splitlines() if "Huge" in line],
            "rows": []}
     print("THP:", out["thp"], "|", "; ".join(out["hugepages"][:4]), flush=True)
+    if a.start_at is not None:
+        late = time.time() - a.start_at
+        if late > 0:
+            print(f"--start-at passed {late:.1f} s before the driver was ready: the rows start now", flush=True)
+        time.sleep(max(0.0, -late))
     for name, loc_type, flags in kinds:
         for mib in (int(x) for x in a.mib.split(",")):
-            row = {"memory": name, "mib": mib}
+            row = {"memory": name, "mib": mib, "start_s": round(time.time(), 3)}
             try:
                 row.update(time_one(cu, dev, loc_type, mib, a.reps, flags))
             except RuntimeError as e:  # a location type this driver or machine refuses
                 row["error"] = str(e)
+            row["end_s"] = round(time.time(), 3)  # wall-clock times, to see which rows of two processes overlapped
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
     with open(a.out, "w") as f:

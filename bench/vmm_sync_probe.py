@@ -43,12 +43,15 @@ def ck(r, what):
         raise RuntimeError(f"{what} failed: {r}")
 
 
-def size_probe_args(mib, reps, out, mib_help):
-    """The command line of a probe that times allocations by size: --mib (comma-separated MiB), --reps, --out."""
+def size_probe_args(mib, reps, out, mib_help, more=None):
+    """The command line of a probe that times allocations by size: --mib (comma-separated MiB), --reps, --out, and
+    what `more(parser)` adds."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", default=mib, help=mib_help)
     ap.add_argument("--reps", type=int, default=reps)
     ap.add_argument("--out", default=out)
+    if more:
+        more(ap)
     return ap.parse_args()
 
 

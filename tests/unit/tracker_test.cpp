@@ -337,6 +337,45 @@ TEST(LayoutCache, ConcurrentFirstLaunches) {
   EXPECT_EQ(cache.functions(), 50u);
 }
 
+// Note [Named late] under threads: each function's launches come with no name for some threads and with one name for
+// the others (NCCL's for odd functions). A named launch always gets the flag of its own name; once every thread is
+// done, each entry holds its name and flag, whoever named it.
+TEST(LayoutCache, ConcurrentNamelessAndNamedLaunchesNameEachEntryOnce) {
+  layout_cache cache(1024);
+  fake_functions fake;
+  const auto name_of = [](std::uint64_t f) {
+    return std::string(f % 2 ? "ncclDevKernel_AllGather_" : "elementwise_") + std::to_string(f);
+  };
+  std::vector<std::string> names;
+  for (std::uint64_t f = 0; f <= 50; ++f) names.push_back(name_of(f));
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      param_slot scratch[k_max_params];
+      for (int round = 0; round < 200; ++round) {
+        for (std::uint64_t f = 1; f <= 50; ++f) {
+          const bool named = (t + round + static_cast<int>(f)) % 3 == 0;
+          const layout_lookup l =
+              cache.find_or_add(f, named ? names[f].c_str() : nullptr, fake_functions::query, &fake, scratch);
+          if (!l.has_layout || l.layout.count != f % 7) wrong.fetch_add(1);
+          if (named && l.work_elsewhere != (f % 2 == 1)) wrong.fetch_add(1);
+          if (!named && l.work_elsewhere && f % 2 == 0) wrong.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(cache.functions(), 50u);
+  param_slot scratch[k_max_params];
+  for (std::uint64_t f = 1; f <= 50; ++f) {
+    const layout_lookup l = cache.find_or_add(f, nullptr, fake_functions::query, &fake, scratch);
+    EXPECT_EQ(cache.name(l.kernel), names[f]) << f;
+    EXPECT_EQ(l.work_elsewhere, f % 2 == 1) << f;
+  }
+}
+
 // ---- nested callbacks (Note [Nested launch callbacks]) ----
 
 TEST(LaunchNesting, DriverCallbackInsideARuntimeLaunchCountsOnce) {

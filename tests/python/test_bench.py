@@ -2,7 +2,7 @@
 rerun, the peers' bookkeeping, on a fake runner), bench/stack_top.py's and bench/swap_stats.py's, the training loop's
 per-thread CPU accounting, step phases and CUBLAS_WORKSPACE_CONFIG rule, bench/tracker.py's interleaved estimate,
 bench/launch_hook_probe.py's shim on a fake driver and runtime, the perf reports (bench/perf_report.py,
-bench/perf_sides.py), and bench/ddp_check.py's arguments."""
+bench/perf_sides.py), and bench/ddp_check.py's and bench/infer_check.py's arguments."""
 import pathlib
 import subprocess
 import sys
@@ -190,3 +190,31 @@ def test_ddp_check_arguments():
     if pytest.importorskip("torch").cuda.device_count() < 2:
         r = run("--gpus", "2", "--steps", "4")
         assert r.returncode == 0 and "nothing checked" in r.stdout, r.stdout + r.stderr
+
+
+def test_infer_check_arguments():
+    """bench/infer_check.py: bad fractions, sides, devices and round counts are refused with the accepted forms, and
+    two sides are equal only when every round's tokens and logits are."""
+    def run(*args):
+        return subprocess.run([sys.executable, str(BENCH / "infer_check.py"), *args], capture_output=True, text=True,
+                              timeout=300)
+
+    r = run("--fractions", "0.25,half")
+    assert r.returncode != 0 and "'half' is not a number" in r.stderr, r.stderr
+    r = run("--fractions", "1.5")
+    assert r.returncode != 0 and "is not in (0, 1]" in r.stderr, r.stderr
+    r = run("--sides", "layerswap")
+    assert r.returncode != 0 and "give resident, optionally with layerswap" in r.stderr, r.stderr
+    r = run("--device", "cpu")
+    assert r.returncode != 0 and "layerswap runs on cuda only" in r.stderr, r.stderr
+    r = run("--rounds", "2", "--warmup", "2")
+    assert r.returncode != 0 and "at least one round must be timed" in r.stderr, r.stderr
+    sys.path.insert(0, str(BENCH))
+    import infer_check
+
+    assert infer_check.parse_fractions("0.5, 0.25") == [0.5, 0.25]
+    a = {"rounds": [{"tokens": [1, 2], "logits_sha256": "x"}, {"tokens": [1, 2], "logits_sha256": "x"}]}
+    assert infer_check.same_rounds(a, a)
+    assert not infer_check.same_rounds(a, {"rounds": a["rounds"][:1]})
+    assert not infer_check.same_rounds(a, {"rounds": [a["rounds"][0], {"tokens": [1, 2], "logits_sha256": "y"}]})
+    assert not infer_check.same_rounds(a, {"rounds": [a["rounds"][0], {"tokens": [1, 3], "logits_sha256": "x"}]})

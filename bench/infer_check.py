@@ -138,11 +138,30 @@ def worker(args):
         json.dump(out, f, indent=1)
 
 
-def run_side(args, side, budget=None):
+def parse_variants(text):
+    """--variants "default,pf1:LAYERSWAP_PREFETCH=1" -> [("default", {}), ("pf1", {"LAYERSWAP_PREFETCH": "1"})]."""
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, _, settings = part.partition(":")
+        env = {}
+        for kv in (x for x in settings.split("+") if x):
+            key, eq, value = kv.partition("=")
+            if not eq or not key.startswith("LAYERSWAP_") or key == "LAYERSWAP_BUDGET":
+                raise ValueError(f"--variants {text!r}: {kv!r} is not LAYERSWAP_NAME=VALUE (the budget is the "
+                                 f"fraction's); give NAME[:LAYERSWAP_X=V[+LAYERSWAP_Y=W]], comma-separated")
+            env[key] = value
+        if not name or name in (n for n, _ in out):
+            raise ValueError(f"--variants {text!r}: each variant needs a name of its own")
+        out.append((name, env))
+    return out
+
+
+def run_side(args, side, budget=None, extra_env=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERSWAP")}
     if budget is not None:
         env["LAYERSWAP_BUDGET"] = str(budget)
         env["LAYERSWAP_STATS"] = "1"
+        env.update(extra_env or {})
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", "--side", side, "--out-file", path,
@@ -183,6 +202,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fractions", default="0.5,0.25", help="budgets as fractions of the weights (default 0.5,0.25)")
     ap.add_argument("--sides", default="resident,layerswap", help="resident alone checks the script without a GPU")
+    ap.add_argument("--variants", default="default",
+                    help="layerswap's runs at each fraction: NAME[:LAYERSWAP_X=V[+LAYERSWAP_Y=W]], comma-separated "
+                         "(default: default, the settings' defaults)")
     ap.add_argument("--prompt", type=int, default=512, help="prompt tokens (default 512)")
     ap.add_argument("--new", type=int, default=64, help="tokens generated a round (default 64)")
     ap.add_argument("--rounds", type=int, default=4, help="generations a side (default 4)")
@@ -211,6 +233,7 @@ def main():
         ap.error("--new and --prompt must be at least 1")
     try:
         fractions = parse_fractions(args.fractions)
+        variants = parse_variants(args.variants)
     except ValueError as e:
         ap.error(str(e))
     sys.path.insert(0, str(HERE))
@@ -235,15 +258,16 @@ def main():
         res["device"] = resident.get("device_name")
         weights = resident["weight_bytes"]
         transient = max(0, (resident.get("peak_allocated_bytes") or 0) - weights)
-        for fraction in fractions:
+        for fraction, (variant, extra) in ((f, v) for f in fractions for v in variants):
             plan = swap_budget(fraction, weights, transient, int(args.margin_mib * MIB))
-            case = {"fraction": fraction, **plan}
+            case = {"fraction": fraction, "variant": variant, "env": extra, **plan}
+            label = f"{fraction} {variant}"
             try:
-                ls = run_side(args, "layerswap", plan["budget_bytes"])
+                ls = run_side(args, "layerswap", plan["budget_bytes"], extra)
             except RuntimeError as e:
                 case["error"] = str(e)
                 res["cases"].append(case)
-                print(f"{fraction}: {e}", flush=True)
+                print(f"{label}: {e}", flush=True)
                 continue
             l_sum = summary(ls, args)
             s_bytes = (1 - fraction) * weights
@@ -256,11 +280,13 @@ def main():
                          "run_s": ls["run_s"], "stats_lines": ls["stats_lines"]})
             res["cases"].append(case)
             t = ls.get("layerswap_per_token") or {}
-            print(f"{fraction}: budget {plan['budget_bytes'] / 2**30:.2f} GiB; bitwise equal {case['bitwise_equal']}; "
+            print(f"{label}: budget {plan['budget_bytes'] / 2**30:.2f} GiB; bitwise equal {case['bitwise_equal']}; "
                   f"{l_sum['token_s'] * 1e3:.2f} ms a token ({l_sum['token_s'] / r_sum['token_s']:.2f}x resident"
                   + (f", {case['token_over_bound']:.2f}x the bound {bound * 1e3:.2f} ms" if bound else "")
                   + f"), prefill {l_sum['prefill_s'] * 1e3:.1f} ms; per token: H2D "
-                  f"{(t.get('bytes_h2d_per_step') or 0) / 1e9:.2f} GB, hit rate {t.get('hit_rate')}", flush=True)
+                  f"{(t.get('bytes_h2d_per_step') or 0) / 1e9:.2f} GB, hit rate {t.get('hit_rate') or 0:.3f}, "
+                  f"launch waits {(t.get('launch_wait_s_per_step') or 0) * 1e3:.1f} ms, remaps "
+                  f"{(t.get('remap_s_per_step') or 0) * 1e3:.1f} ms", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -213,6 +213,12 @@ def test_infer_check_arguments():
     import infer_check
 
     assert infer_check.parse_fractions("0.5, 0.25") == [0.5, 0.25]
+    assert infer_check.parse_variants("default, pf1:LAYERSWAP_PREFETCH=1+LAYERSWAP_PIN=first:1") == [
+        ("default", {}), ("pf1", {"LAYERSWAP_PREFETCH": "1", "LAYERSWAP_PIN": "first:1"})]
+    r = run("--variants", "a:PREFETCH=1")
+    assert r.returncode != 0 and "is not LAYERSWAP_NAME=VALUE" in r.stderr, r.stderr
+    r = run("--variants", "a,a:LAYERSWAP_PREFETCH=2")
+    assert r.returncode != 0 and "a name of its own" in r.stderr, r.stderr
     a = {"rounds": [{"tokens": [1, 2], "logits_sha256": "x"}, {"tokens": [1, 2], "logits_sha256": "x"}]}
     assert infer_check.same_rounds(a, a)
     assert not infer_check.same_rounds(a, {"rounds": a["rounds"][:1]})

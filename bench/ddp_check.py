@@ -145,15 +145,9 @@ def worker(args):
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
     out = {"rank": rank, "side": args.side, "case": args.case, "wrap": args.wrap}
-    ls = None
-    if args.side == "layerswap":
-        import layerswap
-        if not layerswap.is_enabled():
-            raise RuntimeError("LAYERSWAP_BUDGET is set but `import torch` did not enable layerswap")
-        ls = layerswap
-        out["layerswap_config"] = dict(layerswap.config())
     sys.path.insert(0, str(HERE))
     import swap_models as sm
+    ls = sm.layerswap_side(args.side, out)
     from swap import layerswap_traffic, ls_snapshot
 
     cfg = sm.RunConfig(case=args.case, steps=args.steps, warmup=min(3, args.steps), seq=args.seq, quick=args.quick)

@@ -84,13 +84,7 @@ def worker(args):
     import swap_models as sm
 
     out = {"side": args.side}
-    ls = None
-    if args.side == "layerswap":
-        import layerswap
-        if not layerswap.is_enabled():
-            raise RuntimeError("LAYERSWAP_BUDGET is set but `import torch` did not enable layerswap")
-        ls = layerswap
-        out["layerswap_config"] = dict(layerswap.config())
+    ls = sm.layerswap_side(args.side, out)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)

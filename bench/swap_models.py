@@ -58,6 +58,18 @@ CASES = ("llama-lora", "llama-full", "unet")
 make_deterministic = sample.make_deterministic  # everything PyTorch needs for bit-identical reruns
 
 
+def layerswap_side(side, out):
+    """The layerswap module on the layerswap side of a check, where `import torch` must have enabled it
+    (LAYERSWAP_BUDGET set by the parent), with its settings put in out["layerswap_config"]; None on any other side."""
+    if side != "layerswap":
+        return None
+    import layerswap
+    if not layerswap.is_enabled():
+        raise RuntimeError("LAYERSWAP_BUDGET is set but `import torch` did not enable layerswap")
+    out["layerswap_config"] = dict(layerswap.config())
+    return layerswap
+
+
 def attention_backends():
     """scaled_dot_product_attention restricted to FlashAttention (whose backward honours
     use_deterministic_algorithms) and the math fallback: the sample's deterministic choice."""

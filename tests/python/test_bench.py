@@ -12,6 +12,18 @@ import pytest
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 
 
+def run_script(script, *args):
+    """bench/`script` with `args`, its output captured."""
+    return subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=300)
+
+
+def assert_refused(script, refusals):
+    """bench/`script` exits non-zero with `message` on stderr for each (args, message) of `refusals`."""
+    for args, message in refusals:
+        r = run_script(script, *args)
+        assert r.returncode != 0 and message in r.stderr, (args, r.stderr)
+
+
 @pytest.mark.parametrize("script", ["swap.py", "stack_top.py", "swap_stats.py", "tracker.py", "launch_hook_probe.py"])
 def test_self_test(script):
     r = subprocess.run([sys.executable, str(BENCH / script), "--self-test"], capture_output=True, text=True,
@@ -161,22 +173,13 @@ def test_perf_report_and_sides(tmp_path):
 def test_ddp_check_arguments():
     """bench/ddp_check.py: bad cases and GPU counts are refused with the form they should take; on a machine with
     fewer GPUs than asked it says so and checks nothing (exit 0); its case parser reads model:fraction[:wrap] lists."""
-    def run(*args):
-        return subprocess.run([sys.executable, str(BENCH / "ddp_check.py"), *args], capture_output=True, text=True,
-                              timeout=300)
-
-    r = run("--cases", "unet:0.25")
-    assert r.returncode != 0 and "llama-full:F[:WRAP] or llama-lora:F[:WRAP]" in r.stderr, r.stderr
-    r = run("--cases", "llama-full:0.25:zero3")
-    assert r.returncode != 0 and "not one of ddp, ddp-views, fsdp, solo" in r.stderr, r.stderr
-    r = run("--cases", "llama-full:quarter")
-    assert r.returncode != 0 and "is not a number" in r.stderr, r.stderr
-    r = run("--cases", "llama-full:1.5")
-    assert r.returncode != 0 and "must be in (0, 1]" in r.stderr, r.stderr
-    r = run("--gpus", "1")
-    assert r.returncode != 0 and "at least 2 (only solo cases run on 1)" in r.stderr, r.stderr
-    r = run("--gpus", "0", "--cases", "llama-full:0.25:solo")
-    assert r.returncode != 0 and "--gpus: 0 is not a GPU count" in r.stderr, r.stderr
+    assert_refused("ddp_check.py", [
+        (["--cases", "unet:0.25"], "llama-full:F[:WRAP] or llama-lora:F[:WRAP]"),
+        (["--cases", "llama-full:0.25:zero3"], "not one of ddp, ddp-views, fsdp, solo"),
+        (["--cases", "llama-full:quarter"], "is not a number"),
+        (["--cases", "llama-full:1.5"], "must be in (0, 1]"),
+        (["--gpus", "1"], "at least 2 (only solo cases run on 1)"),
+        (["--gpus", "0", "--cases", "llama-full:0.25:solo"], "--gpus: 0 is not a GPU count")])
     sys.path.insert(0, str(BENCH))
     import ddp_check
 
@@ -188,37 +191,27 @@ def test_ddp_check_arguments():
     assert ddp_check.fifo_unsafe_ranks({"per_rank": [no_probe, {"rank": 1, **probe(True)}]}) == []
     assert ddp_check.fifo_unsafe_ranks({"error": "torchrun exited with 1"}) == []
     if pytest.importorskip("torch").cuda.device_count() < 2:
-        r = run("--gpus", "2", "--steps", "4")
+        r = run_script("ddp_check.py", "--gpus", "2", "--steps", "4")
         assert r.returncode == 0 and "nothing checked" in r.stdout, r.stdout + r.stderr
 
 
 def test_infer_check_arguments():
     """bench/infer_check.py: bad fractions, sides, devices and round counts are refused with the accepted forms, and
     two sides are equal only when every round's tokens and logits are."""
-    def run(*args):
-        return subprocess.run([sys.executable, str(BENCH / "infer_check.py"), *args], capture_output=True, text=True,
-                              timeout=300)
-
-    r = run("--fractions", "0.25,half")
-    assert r.returncode != 0 and "'half' is not a number" in r.stderr, r.stderr
-    r = run("--fractions", "1.5")
-    assert r.returncode != 0 and "is not in (0, 1]" in r.stderr, r.stderr
-    r = run("--sides", "layerswap")
-    assert r.returncode != 0 and "give resident, optionally with layerswap" in r.stderr, r.stderr
-    r = run("--device", "cpu")
-    assert r.returncode != 0 and "layerswap runs on cuda only" in r.stderr, r.stderr
-    r = run("--rounds", "2", "--warmup", "2")
-    assert r.returncode != 0 and "at least one round must be timed" in r.stderr, r.stderr
+    assert_refused("infer_check.py", [
+        (["--fractions", "0.25,half"], "'half' is not a number"),
+        (["--fractions", "1.5"], "is not in (0, 1]"),
+        (["--sides", "layerswap"], "give resident, optionally with layerswap"),
+        (["--device", "cpu"], "layerswap runs on cuda only"),
+        (["--rounds", "2", "--warmup", "2"], "at least one round must be timed"),
+        (["--variants", "a:PREFETCH=1"], "is not LAYERSWAP_NAME=VALUE"),
+        (["--variants", "a,a:LAYERSWAP_PREFETCH=2"], "a name of its own")])
     sys.path.insert(0, str(BENCH))
     import infer_check
 
     assert infer_check.parse_fractions("0.5, 0.25") == [0.5, 0.25]
     assert infer_check.parse_variants("default, pf1:LAYERSWAP_PREFETCH=1+LAYERSWAP_PIN=first:1") == [
         ("default", {}), ("pf1", {"LAYERSWAP_PREFETCH": "1", "LAYERSWAP_PIN": "first:1"})]
-    r = run("--variants", "a:PREFETCH=1")
-    assert r.returncode != 0 and "is not LAYERSWAP_NAME=VALUE" in r.stderr, r.stderr
-    r = run("--variants", "a,a:LAYERSWAP_PREFETCH=2")
-    assert r.returncode != 0 and "a name of its own" in r.stderr, r.stderr
     a = {"rounds": [{"tokens": [1, 2], "logits_sha256": "x"}, {"tokens": [1, 2], "logits_sha256": "x"}]}
     assert infer_check.same_rounds(a, a)
     assert not infer_check.same_rounds(a, {"rounds": a["rounds"][:1]})

@@ -59,29 +59,23 @@ def generate(model, prompt, new_tokens, sync):
     times = []
     with torch.no_grad():
         cache = DynamicCache()
+        inputs = prompt  # the first pass is the prefill, each later one a token
         sync()
-        t0 = time.perf_counter()
-        out = model(input_ids=prompt, past_key_values=cache, use_cache=True)
-        logits = out.logits[:, -1, :]
-        nxt = logits.argmax(dim=-1, keepdim=True)
-        digest.update(logits.float().cpu().numpy().tobytes())
-        tokens.append(int(nxt.item()))
-        prefill = time.perf_counter() - t0
-        for _ in range(new_tokens):
+        for _ in range(new_tokens + 1):
             t0 = time.perf_counter()
-            out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
-            logits = out.logits[:, -1, :]
-            nxt = logits.argmax(dim=-1, keepdim=True)
-            tokens.append(int(nxt.item()))  # the host waits for the token, as a generation loop does
+            logits = model(input_ids=inputs, past_key_values=cache, use_cache=True).logits[:, -1, :]
+            inputs = logits.argmax(dim=-1, keepdim=True)
+            tokens.append(int(inputs.item()))  # the host waits for the token, as a generation loop does
             times.append(time.perf_counter() - t0)
             digest.update(logits.float().cpu().numpy().tobytes())
-    return tokens, digest.hexdigest(), prefill, times
+    return tokens, digest.hexdigest(), times[0], times[1:]
 
 
 def worker(args):
     import torch
     sys.path.insert(0, str(HERE))
     import swap_models as sm
+    from swap import layerswap_traffic, ls_snapshot, worker_h2d
 
     out = {"side": args.side}
     ls = sm.layerswap_side(args.side, out)
@@ -103,7 +97,6 @@ def worker(args):
     before = None
     for r in range(args.rounds):
         if r == args.warmup and ls is not None:
-            from swap import ls_snapshot
             before = ls_snapshot(ls, device.index or 0)
         with sm.attention_backends():
             tokens, digest, prefill, times = generate(model, prompt, args.new, sync)
@@ -115,13 +108,11 @@ def worker(args):
     if cuda:
         out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
         if ls is None:  # the link's speed, for the bound (bench/swap.py's measurement: 256 MiB copies)
-            from swap import worker_h2d
             link = {}
             worker_h2d({}, link)
             out["h2d_gbps"] = link["h2d_gbps"]
             out["device_name"] = link["device"]
     if ls is not None:
-        from swap import layerswap_traffic, ls_snapshot
         after = ls_snapshot(ls, device.index or 0)
         timed_tokens = max(1, (args.rounds - args.warmup) * (args.new + 1))
         traffic = layerswap_traffic(before, after, timed_tokens)  # per token (prefills counted as tokens)

@@ -4,9 +4,11 @@
 // A fixed open-addressing table of atomic keys (linear probing) over fixed pools for parameters and names,
 // all allocated once when the cache is made: find_or_add() allocates nothing, takes no lock and never blocks.
 // The first thread to see a function claims an entry (CAS on the key), queries the layout through the given
-// function, copies the name (at most k_max_name bytes), and publishes the entry (release). A thread that
-// meets an entry still being filled, or a full table or pool, queries into its own scratch space instead, so
-// a launch is decoded either way; only the cost differs.
+// function and publishes the entry (release). The entry's name (at most k_max_name bytes) and whether the
+// function is NCCL's come from the first launch that has a name, which need not be the claiming one (CUPTI may
+// give a launch none; layout_cache.cpp, Note [Named late]). A thread that meets an entry still being filled, or
+// a full table or pool, queries into its own scratch space instead, so a launch is decoded either way; only the
+// cost differs.
 #pragma once
 
 #include <atomic>

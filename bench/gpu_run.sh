@@ -6,9 +6,12 @@
 #   bench/gpu_run.sh build pytest    # only some: info install cmake ctest pytest bench (build = install cmake)
 #   bench/gpu_run.sh ensure          # install only if the installed package was not built from this tree's sources
 #
-# Full logs go to $OUT (default /tmp/layerswap-gpu-run): info.log, build.log (pip + CMake), ctest.log, pytest.log
-# (+ pytest.xml), bench.log, foundation.json; the console gets each step's tail and a summary table. A failed
-# step does not stop the others; the exit status is non-zero if any step failed.
+# Full logs go to $GPU_RUN_LOGS, else $OUT, else /tmp/layerswap-gpu-run: info.log, build.log (pip + CMake),
+# ctest.log, pytest.log (+ pytest.xml), bench.log, foundation.json; the console gets each step's tail and a summary
+# table. `ensure` alone logs to $GPU_RUN_LOGS or /tmp/layerswap-gpu-run, never to $OUT: on the device machine $OUT
+# is the folder whose files come back (at most 8), and a benchmark call that runs `ensure` first needs them for its
+# results (session 58 lost one to the two logs). A failed step does not stop the others; the exit status is
+# non-zero if any step failed.
 #
 # Time: the whole run keeps inside GPU_RUN_DEADLINE seconds (default 570, for a 10-minute call): each step
 # gets min(its own limit, time left); a step with no time left is reported as skipped. Step limits:
@@ -20,8 +23,6 @@ set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 REPO=$PWD
-OUT=${OUT:-${TMPDIR:-/tmp}/layerswap-gpu-run}
-mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 START=$(date +%s)
 DEADLINE=${GPU_RUN_DEADLINE:-570}
@@ -44,6 +45,18 @@ else
     esac
   done
 fi
+
+LOGS_DEFAULT=${TMPDIR:-/tmp}/layerswap-gpu-run
+ONLY_ENSURE=$ENSURE
+for s in "${ALL_STEPS[@]}"; do
+  case "$s" in info|install) ;; *) [ -n "${WANT[$s]:-}" ] && ONLY_ENSURE= ;; esac
+done
+if [ -n "$ONLY_ENSURE" ]; then
+  OUT=${GPU_RUN_LOGS:-$LOGS_DEFAULT}
+else
+  OUT=${GPU_RUN_LOGS:-${OUT:-$LOGS_DEFAULT}}
+fi
+mkdir -p "$OUT"
 
 declare -A STATUS=() SECONDS_TAKEN=() LOGS=()
 ORDER=()

@@ -2,7 +2,7 @@
 rerun, the peers' bookkeeping, on a fake runner), bench/stack_top.py's and bench/swap_stats.py's, the training loop's
 per-thread CPU accounting, step phases and CUBLAS_WORKSPACE_CONFIG rule, bench/tracker.py's interleaved estimate,
 bench/launch_hook_probe.py's shim on a fake driver and runtime, the perf reports (bench/perf_report.py,
-bench/perf_sides.py), and bench/ddp_check.py's and bench/infer_check.py's arguments."""
+bench/perf_sides.py), bench/ddp_check.py's and bench/infer_check.py's arguments, and where bench/gpu_run.sh logs."""
 import pathlib
 import subprocess
 import sys
@@ -22,6 +22,27 @@ def assert_refused(script, refusals):
     for args, message in refusals:
         r = run_script(script, *args)
         assert r.returncode != 0 and message in r.stderr, (args, r.stderr)
+
+
+def test_gpu_run_logs_stay_out_of_out_for_ensure_alone(tmp_path):
+    """`ensure` alone logs outside $OUT (on the device machine the folder whose files come back, at most 8); any
+    other step logs to $OUT; GPU_RUN_LOGS overrides both. GPU_RUN_DEADLINE=0 skips every step."""
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir()
+    tmp.mkdir()
+
+    def logs_dir(*steps, **env):
+        r = subprocess.run(["bash", str(BENCH / "gpu_run.sh"), *steps], capture_output=True, text=True, timeout=60,
+                           env={"PATH": "/usr/bin:/bin", "OUT": str(out), "TMPDIR": str(tmp),
+                                "GPU_RUN_DEADLINE": "0", **env})
+        line = next(line for line in r.stdout.splitlines() if line.startswith("gpu_run.sh: steps:"))
+        return line.rsplit("logs in ", 1)[1]
+
+    assert logs_dir("ensure") == str(tmp / "layerswap-gpu-run")
+    assert list(out.iterdir()) == []
+    assert logs_dir("ensure", "ctest") == str(out)
+    assert logs_dir("pytest") == str(out)
+    assert logs_dir("ensure", GPU_RUN_LOGS=str(tmp_path / "logs")) == str(tmp_path / "logs")
 
 
 @pytest.mark.parametrize("script", ["swap.py", "stack_top.py", "swap_stats.py", "tracker.py", "launch_hook_probe.py"])

@@ -102,6 +102,25 @@
 //   logits (1.95 GiB) and their bf16 copy (1000 MiB), where the stream's idle memory is too little or one chunk too
 //   large. At batch 1 x 1024 none is made (no reclaim waits there).
 //
+// Note [Spare composites]
+//   Under a following reserve (residency.cpp, Note [Following reserve]) the room for the step's activations is the
+//   chunks of the weights evicted ahead of them: spares of the weights' sizes (the 1.1B Llama's 8 and 22 MiB). A
+//   request larger than any spare (the loss's 126 MiB fp32 logits, a 40 or 64 MiB temporary) with no headroom for a
+//   chunk of its own used to release spares, largest first, until the budget had room, then make a chunk and map it
+//   at a new VA: for one 126 MiB segment six spares unmapped at their homes and released, a chunk created, mapped
+//   and granted access, all on the launching thread; and once the logits were freed, the policy's prefetches of
+//   those weights reclaimed the segment, released its chunk and made six chunks again, on the migration thread (a
+//   debug log at LoRA's 25%, session 53: three such segments a step at the loss). Now such a request maps spares
+//   side by side at a new VA instead, as Note [Composites] maps idle segments' chunks: largest first, within
+//   n .. n + n/8 granules, at most k_most_parts chunks, and a new chunk for the rest when the budget's headroom
+//   covers it. A spare is free to use at once, as when a request takes one of its own size, so nothing waits; it
+//   stays mapped at its home as well. The composite is not swappable and counts as memory that cannot move,
+//   as any composite; freed, it is cached like any large segment; destroyed (fenced), its VA is unmapped and its
+//   chunks are spares again, still at their homes, each of a size a prefetch of its weight takes as it is. Memory
+//   held is what it was, and no spare is released. Only while the reserve follows the step, when a request has no
+//   spare of its size and too little headroom, so a spare would otherwise be released (with the step's peak as the
+//   reserve, the room for activations is set aside and spares are the weights' own).
+//
 // Note [Split segments]
 //   At larger batches the step's transient allocations change size all the time: the forward pass keeps activations
 //   of a few sizes, the backward pass frees them and asks for gradients of others. PyTorch's allocator serves that
@@ -273,9 +292,11 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -614,6 +635,8 @@ struct caching_allocator::impl final : detail::page_source {
   }
   // Note [Composites]
   segment* compose_locked(stream_pool* pool, std::size_t n);
+  // Note [Spare composites]: a new large segment of `n` granules on `pool` from spare chunks; nullptr: not here.
+  segment* compose_spares_locked(stream_pool* pool, std::size_t n);
   [[nodiscard]] bool donor_locked(const segment* seg, const stream_pool* pool) const noexcept;
   void retire_donor_locked(segment* seg, std::vector<std::pair<std::size_t, detail::device_chunk>>& parts);
   void reap_zombies_locked();       // unmaps the zombies whose pool's fence covers them
@@ -698,6 +721,7 @@ caching_allocator::impl::impl(driver& p, allocator_options o) : port(p), options
   options.va_reserve = std::max(options.va_reserve, gran) / gran * gran;
   st.device = port.device();
   st.budget = options.budget;
+  if (const char* v = std::getenv("LSDEV_SPARE_COMPOSITES")) options.spare_composites = std::string_view(v) != "0";
   st.granularity = gran;
   if (options.residency.enabled) {
     engine = std::make_unique<detail::residency_engine>(port, mutex, *this, options.residency);
@@ -1148,6 +1172,62 @@ segment* caching_allocator::impl::compose_locked(stream_pool* pool, std::size_t 
   return s;
 }
 
+// Note [Spare composites]
+segment* caching_allocator::impl::compose_spares_locked(stream_pool* pool, std::size_t n) {
+  if (!options.spare_composites || !options.budget || !following_locked()) return nullptr;
+  const std::size_t room = unused_pages_locked();
+  if (room >= n || engine->has_spare_locked(n << gran_shift)) return nullptr;  // no spare would be released
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::pair<std::size_t, detail::device_chunk>> parts =
+      engine->take_spares_locked(n << gran_shift, (n + n / 8) << gran_shift, k_most_parts - 1, room << gran_shift);
+  if (parts.empty()) return nullptr;
+  const auto give_back = [&] {
+    for (const auto& [bytes, chunk] : parts) engine->give_chunk_locked(bytes, chunk);
+  };
+  std::size_t sum = 0;
+  for (const auto& part : parts) sum += part.first >> gran_shift;
+  if (sum < n) {  // the rest from the budget's headroom: a new chunk, no spare released
+    detail::device_chunk rest;
+    try {
+      rest = engine->take_chunk_locked((n - sum) << gran_shift);
+    } catch (...) {
+      give_back();
+      throw;
+    }
+    if (!rest) {
+      give_back();
+      return nullptr;
+    }
+    parts.emplace_back((n - sum) << gran_shift, rest);
+    sum = n;
+  }
+  device_ptr va = 0;
+  std::size_t mapped = 0;
+  try {
+    va = reserve_va_locked(sum);
+    std::size_t off = 0;
+    for (; mapped < parts.size(); ++mapped) {
+      port.map(va + off, parts[mapped].first, parts[mapped].second.handle, 0);
+      off += parts[mapped].first;
+    }
+    port.set_access(va, sum << gran_shift);
+  } catch (...) {
+    try {  // nothing was enqueued at this VA: the chunks are spares again at once
+      unmap_parts_locked(va, parts, mapped);
+      if (va) release_va_locked(va, sum);
+    } catch (...) {
+    }
+    give_back();
+    throw;
+  }
+  segment* s = add_segment_locked(pool, va, sum << gran_shift, {});
+  s->parts = std::move(parts);
+  ++st.num_spare_composites;
+  st.spare_composite_parts += static_cast<std::int64_t>(s->parts.size());
+  st.segment_new_ns += elapsed_ns(start);
+  return s;
+}
+
 // Note [Composites]: the donor's chunks join `parts`; its VA, still mapped, becomes a zombie; the segment is gone.
 void caching_allocator::impl::retire_donor_locked(segment* seg,
                                                  std::vector<std::pair<std::size_t, detail::device_chunk>>& parts) {
@@ -1421,7 +1501,9 @@ void* caching_allocator::impl::allocate_large_locked(std::size_t bytes, stream_p
       }
     }
     if (!seg) {
-      if (engine) {
+      if (engine && (seg = compose_spares_locked(pool, npages))) {  // Note [Spare composites]
+        log_program_makes_locked("composite of spares", seg->bytes, bytes);
+      } else if (engine) {
         log_program_makes_locked("chunk", npages << gran_shift, bytes);
         seg = new_chunk_segment_locked(pool, npages << gran_shift, bytes);  // the engine knows it (add_locked)
       } else {
@@ -2061,6 +2143,7 @@ void caching_allocator::reset_accumulated_stats() {
   impl_->call_ticks = 0;
   impl_->st.num_reclaims = impl_->st.num_engine_reclaims = impl_->st.num_oversize_reuses = 0;
   impl_->st.num_composites = impl_->st.composite_donors = impl_->st.num_zombies_reaped = 0;
+  impl_->st.num_spare_composites = impl_->st.spare_composite_parts = 0;
   impl_->st.num_splits = impl_->st.num_spare_splits = impl_->st.num_home_segments = impl_->st.num_slab_reuses = 0;
   impl_->st.segment_new_ns = impl_->st.segment_destroy_ns = 0;
 }

@@ -32,6 +32,8 @@ struct allocator_options {
   std::size_t small_max = std::size_t{1} << 20;   // requests up to this are packed into slabs
   double oversize = 1.0;  // LAYERSWAP_OVERSIZE: Note [Oversize reuse] in caching_allocator.cpp; 1 = off
   bool composites = false;  // LAYERSWAP_COMPOSITES: Note [Composites] in caching_allocator.cpp (residency only)
+  // Note [Spare composites] in caching_allocator.cpp (residency only): no setting; off only in tests.
+  bool spare_composites = true;
   // LAYERSWAP_SPLIT: Note [Split segments] in caching_allocator.cpp (residency only): 0 = off, else the most times
   // its size a segment is that a large request takes a range of; while the reserve for activations is the step's
   // peak, `split_peak` instead when set (Note [Splits by reserve]).
@@ -85,6 +87,8 @@ struct allocator_stats {
   std::int64_t num_composites = 0;     // large segments made of idle segments' chunks, no host wait (Note [Composites])
   std::int64_t composite_donors = 0;   // ... the idle segments they took
   std::int64_t num_zombies_reaped = 0;  // ... whose VA was unmapped once the GPU was past it
+  std::int64_t num_spare_composites = 0;  // large segments made of spare chunks, none released (Note [Spare composites])
+  std::int64_t spare_composite_parts = 0;  // ... the chunks they map (spares, and a new one for the rest)
   std::int64_t num_splits = 0;  // large allocations served by a range of a larger segment (Note [Split segments])
   std::int64_t num_spare_splits = 0;  // ... of a spare chunk made a segment for it (Note [Split spares])
   std::int64_t num_home_segments = 0;  // segments made at a spare chunk's home VA, no driver call (Note [Home segments])

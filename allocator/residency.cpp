@@ -2391,6 +2391,25 @@ std::pair<std::size_t, device_chunk> residency_engine::take_homed_spare_locked(s
   return {};
 }
 
+std::vector<std::pair<std::size_t, device_chunk>> residency_engine::take_spares_locked(std::size_t lo, std::size_t hi,
+                                                                                         std::size_t parts,
+                                                                                         std::size_t room) {
+  impl& m = *impl_;
+  std::vector<std::multimap<std::size_t, device_chunk>::iterator> picked;
+  std::size_t sum = 0;
+  for (auto it = m.spare_chunks.end(); it != m.spare_chunks.begin() && sum < lo && picked.size() < parts;) {
+    --it;
+    if (sum + it->first > hi) continue;  // too large to join the ones taken: a smaller one may
+    picked.push_back(it);
+    sum += it->first;
+  }
+  std::vector<std::pair<std::size_t, device_chunk>> out;
+  if (picked.empty() || sum + room < lo) return out;
+  out.reserve(picked.size());
+  for (const auto it : picked) out.push_back(m.take_spare(it));  // erasing one leaves the others valid
+  return out;
+}
+
 std::size_t residency_engine::spare_pages_locked() const noexcept { return impl_->spare_bytes / impl_->gran; }
 
 bool residency_engine::has_spare_locked(std::size_t bytes) const noexcept { return impl_->spare_chunks.contains(bytes); }

@@ -227,6 +227,12 @@ class residency_engine {
   // allocator makes it a segment at that home (caching_allocator.cpp, Note [Home segments]). Empty: none.
   std::pair<std::size_t, device_chunk> take_homed_spare_locked(std::size_t lo, std::size_t hi, device_ptr base,
                                                                std::size_t span);
+  // Spare chunks for a composite of `lo` to `hi` bytes (caching_allocator.cpp, Note [Spare composites]): at most
+  // `parts` of them, largest first, that make at least `lo` bytes, or at least `lo - room` bytes (the caller makes
+  // the rest from `room` bytes of the budget's headroom). Taken off the pool, with their bytes; empty (none taken)
+  // when they cannot make it.
+  std::vector<std::pair<std::size_t, device_chunk>> take_spares_locked(std::size_t lo, std::size_t hi,
+                                                                       std::size_t parts, std::size_t room);
   void set_live_locked(swap_region* r, bool live);
   // Whether the region is backed by host pages now (on host, or moving in).
   [[nodiscard]] bool host_backed_locked(const swap_region* r) const noexcept;

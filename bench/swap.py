@@ -984,6 +984,7 @@ PER_STEP_STATS = ("launch_wait_s", "launch_waits", "launch_holds", "stall_evicti
                   "num_lock_spins", "late_prefetches", "late_bytes", "late_lead_s", "late_copy_wait_s",
                   "late_remap_wait_s", "launch_driver_s", "launch_remap_waits", "launch_remap_wait_s",
                   "digests_carried", "idle_sleeps", "num_composites", "composite_donors",
+                  "num_spare_composites", "spare_composite_parts",
                   "num_zombies_reaped", "num_splits", "num_spare_splits", "num_home_segments", "num_slab_reuses",
                   "reserve_followed", "reserve_auto_changes",
                   "cache_misses", "program_vmm_s", "engine_turn_wait_s") + tuple(

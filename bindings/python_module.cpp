@@ -74,6 +74,8 @@ py::dict stats_dict(const allocator_stats& s) {
   d["num_composites"] = s.num_composites;
   d["composite_donors"] = s.composite_donors;
   d["num_zombies_reaped"] = s.num_zombies_reaped;
+  d["num_spare_composites"] = s.num_spare_composites;
+  d["spare_composite_parts"] = s.spare_composite_parts;
   d["num_splits"] = s.num_splits;
   d["num_spare_splits"] = s.num_spare_splits;
   d["num_home_segments"] = s.num_home_segments;

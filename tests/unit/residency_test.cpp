@@ -1952,6 +1952,9 @@ struct live_alloc {
 
 enum class forecast_mode { right, wrong, absent };
 
+// Note [Spare composites]: made by the stress seeds, summed by stress_seeds().
+std::int64_t g_stress_spare_composites = 0;
+
 // `holding`: launches are held on the GPU for prefetches in flight (Note [Holding a launch on the GPU]), on an
 // eager device without the migration thread, so that the test's ticks finish the prefetches they wait for.
 void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats& out, std::int64_t& reuses,
@@ -2132,6 +2135,7 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   out = h.alloc.residency();
   reuses = h.alloc.stats().num_oversize_reuses;
   composites = h.alloc.stats().num_composites;
+  g_stress_spare_composites += h.alloc.stats().num_spare_composites;
   splits = h.alloc.stats().num_splits;
   homes = h.alloc.stats().num_home_segments;
 }
@@ -2142,6 +2146,7 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
                   bool one_stream = false) {
   residency_stats sum;
   std::int64_t reuses = 0, composites = 0, splits = 0, homes = 0;
+  g_stress_spare_composites = 0;
   const std::uint64_t holds_before = residency_gate::waits().holds;
   for (std::uint32_t seed = first; seed <= last; ++seed) {
     residency_stats st;
@@ -2168,11 +2173,12 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
               static_cast<long long>(sum.evictions), static_cast<long long>(sum.stall_evictions),
               static_cast<long long>(sum.prefetches), static_cast<long long>(sum.abandoned),
               static_cast<long long>(sum.cancelled));
-  std::printf("  write-backs: %lld checked, %lld skipped (clean); oversize reuses: %lld; composites: %lld; splits: "
-              "%lld (home segments %lld); cache misses %lld, largest cache reserve at a seed's end %lld bytes; rounds "
+  std::printf("  write-backs: %lld checked, %lld skipped (clean); oversize reuses: %lld; composites: %lld (of spares %lld); "
+              "splits: %lld (home segments %lld); cache misses %lld, largest cache reserve at a seed's end %lld bytes; rounds "
               "with a following reserve %lld; spare chunks released for another size %lld\n",
               static_cast<long long>(sum.writeback_checked), static_cast<long long>(sum.writeback_skipped),
-              static_cast<long long>(reuses), static_cast<long long>(composites), static_cast<long long>(splits),
+              static_cast<long long>(reuses), static_cast<long long>(composites),
+              static_cast<long long>(g_stress_spare_composites), static_cast<long long>(splits),
               static_cast<long long>(homes), static_cast<long long>(sum.cache_misses),
               static_cast<long long>(sum.cache_reserve_bytes), static_cast<long long>(sum.reserve_followed),
               static_cast<long long>(sum.chunks_released_for_size));
@@ -2847,6 +2853,70 @@ TEST(Residency, HomeSegmentsServeRequestsAtASparesHomeWithNoDriverCall) {
   h.expect_clean();
   h.alloc.deallocate(a);
   c.expect_prefetch_takes_the_chunk_back(creates);
+}
+
+// Note [Spare composites]: under a following reserve, a request larger than any spare, with no headroom, maps
+// evicted regions' spare chunks side by side at a new VA: no chunk made or released, each evicted region still reads
+// its host copy. Freed and reclaimed for a prefetch, the composite's chunks are spares again and the prefetch takes
+// its region's back as it is. With the step's peak as the reserve, the request releases the spares and makes a chunk.
+TEST(Residency, UnderAFollowingReserveALargeRequestMapsSparesSideBySide) {
+  for (const bool split : {false, true}) {
+    for (const bool follow : {true, false}) {
+      SCOPED_TRACE(std::string(follow ? "follow" : "peak") + (split ? ", split" : ""));
+      std::optional<split_on> on;
+      if (split) on.emplace();
+      follow_on mode(follow);
+      fixed_forecast f;  // outlives the allocator
+      harness h(24 * MiB);
+      void* w1 = h.written(8 * MiB, 0x31);
+      void* w2 = h.written(6 * MiB, 0x32);
+      void* fill = h.written(10 * MiB, 0x33);  // the budget is full
+      h.go_out(w1);
+      h.go_out(w2);
+      ASSERT_EQ(h.alloc.residency().spare_bytes, static_cast<std::int64_t>(14 * MiB));
+      const std::size_t creates = h.sim.num_creates();
+      const std::int64_t released = h.alloc.residency().chunks_released;
+      auto* a = static_cast<char*>(h.alloc.allocate(13 * MiB, h.s1));  // 14 MiB is within its reuse window
+      ASSERT_NE(a, nullptr);
+      const allocator_stats st = h.alloc.stats();
+      if (follow) {
+        EXPECT_EQ(st.num_spare_composites, 1);
+        EXPECT_EQ(st.spare_composite_parts, 2);
+        EXPECT_EQ(h.sim.num_creates(), creates) << "a chunk was made";
+        EXPECT_EQ(h.alloc.residency().chunks_released, released) << "a spare was released";
+        EXPECT_EQ(h.alloc.residency().spare_bytes, 0);
+        EXPECT_EQ(h.alloc.block_of(a + 9 * MiB).first, a) << "one segment across both chunks";
+        EXPECT_EQ(h.alloc.residency_of(a), region_residency::none) << "a composite is not swappable";
+      } else {
+        EXPECT_EQ(st.num_spare_composites, 0);
+        EXPECT_GT(h.sim.num_creates(), creates);
+        EXPECT_GT(h.alloc.residency().chunks_released, released);
+      }
+      EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(24 * MiB));
+      h.write(h.s1, a, 13 * MiB, 0x41);
+      EXPECT_TRUE(h.holds(a, 13 * MiB, 0x41));
+      EXPECT_TRUE(h.holds(w1, 8 * MiB, 0x31)) << "the evicted region reads its host copy";
+      EXPECT_TRUE(h.holds(w2, 6 * MiB, 0x32));
+      h.expect_clean();
+      h.alloc.deallocate(a);
+      const std::size_t before = h.sim.num_creates();
+      h.alloc.set_forecast_source(&f);
+      f.set({harness::id_of(w1), harness::id_of(w2)});
+      for (int i = 0; i < 6; ++i) h.alloc.residency_tick();
+      EXPECT_EQ(h.alloc.residency_of(w1), region_residency::device);
+      EXPECT_EQ(h.alloc.residency_of(w2), region_residency::device);
+      if (follow) {
+        EXPECT_EQ(h.sim.num_creates(), before) << "a prefetch made a chunk: the composite's were not reused";
+      }
+      EXPECT_TRUE(h.holds(w1, 8 * MiB, 0x31));
+      EXPECT_TRUE(h.holds(w2, 6 * MiB, 0x32));
+      EXPECT_TRUE(h.holds(fill, 10 * MiB, 0x33));
+      EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(24 * MiB));
+      h.expect_clean();
+      for (void* p : {w1, w2, fill}) h.alloc.deallocate(p);
+      h.alloc.set_forecast_source(nullptr);
+    }
+  }
 }
 
 // Note [Home segments]: a home segment's chunk becomes a spare again only once its stream is past the segment's last

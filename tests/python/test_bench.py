@@ -2,7 +2,8 @@
 rerun, the peers' bookkeeping, on a fake runner), bench/stack_top.py's and bench/swap_stats.py's, the training loop's
 per-thread CPU accounting, step phases and CUBLAS_WORKSPACE_CONFIG rule, bench/tracker.py's interleaved estimate,
 bench/launch_hook_probe.py's shim on a fake driver and runtime, the perf reports (bench/perf_report.py,
-bench/perf_sides.py), bench/ddp_check.py's and bench/infer_check.py's arguments, and where bench/gpu_run.sh logs."""
+bench/perf_sides.py), bench/ddp_check.py's and bench/infer_check.py's arguments, where bench/gpu_run.sh logs, and
+bench/chunk_log.py's counts."""
 import pathlib
 import subprocess
 import sys
@@ -238,3 +239,36 @@ def test_infer_check_arguments():
     assert not infer_check.same_rounds(a, {"rounds": a["rounds"][:1]})
     assert not infer_check.same_rounds(a, {"rounds": [a["rounds"][0], {"tokens": [1, 2], "logits_sha256": "y"}]})
     assert not infer_check.same_rounds(a, {"rounds": [a["rounds"][0], {"tokens": [1, 3], "logits_sha256": "x"}]})
+
+
+def test_chunk_log_counts_the_programs_segments_by_step(tmp_path):
+    """bench/chunk_log.py skips the lines before the step is learned (64th 0), starts a step where the 64th goes back,
+    counts by what was made (composites of spares too) and by 64th, and --last keeps the last steps only."""
+    def line(what, made, asked, phase):
+        return (f"   layerswap: device 0: the program makes a {what} of {made} for {asked} (room 4.00 MiB, idle 0 B); "
+                f"engine: 64th {phase}, reserve 2.64 GiB, unused 0 B; spares 0 B (none); evicting 0 (0 B), "
+                f"prefetching 0 (0 B)\n")
+    log = tmp_path / "debug.log"
+    log.write_text("".join([
+        line("chunk", "8.00 MiB", "8.00 MiB", 0),  # warm-up: not counted
+        "   layerswap: something else, 64th 30\n",
+        line("chunk", "126.00 MiB", "125.00 MiB", 22),  # step 1
+        line("slab", "2.00 MiB", "1.00 MiB", 40),
+        line("composite of spares", "132.00 MiB", "125.00 MiB", 22),  # step 2
+        line("chunk", "12.00 MiB", "11.00 MiB", 22),
+        line("chunk", "12.00 MiB", "11.00 MiB", 19),  # step 3
+    ]))
+    def lines_of(*args):
+        r = run_script("chunk_log.py", *args)
+        assert r.returncode == 0, r.stderr
+        return [" ".join(text.split()) for text in r.stdout.splitlines()]
+    out = lines_of(str(log))
+    assert "segments the program made in each step once the step was learned: 2 2 1" in out, out
+    assert "5 over the 3 steps below (at most 1.7 a step)" in out, out
+    assert "composite of spares 132.00 MiB 1 (0.33)" in out, out
+    assert "chunk 12.00 MiB 2 (0.67)" in out, out
+    assert "64th 22 3 (1.00)" in out, out
+    last = lines_of("--last", "1", str(log))
+    assert "1 over the 1 steps below (at most 1.0 a step)" in last and "64th 19 1 (1.00)" in last, last
+    assert not any("126.00 MiB" in text for text in last), last
+    assert_refused("chunk_log.py", [(["--last", "-1", str(log)], "--last must be 0")])

@@ -24,7 +24,7 @@ import re
 import sys
 
 MAKES = re.compile(r"the program makes a (?P<what>[a-z ]+?) of (?P<made>[\d.]+ [KMG]i?B) for "
-                   r"(?P<asked>[\d.]+ [KMG]i?B|\d+ B) .*?engine: 64th (?P<phase>\d+),")
+                   r"(?:[\d.]+ [KMG]i?B|\d+ B) .*?engine: 64th (?P<phase>\d+),")
 
 
 def read_lines(path):

@@ -1952,14 +1952,11 @@ struct live_alloc {
 
 enum class forecast_mode { right, wrong, absent };
 
-// Note [Spare composites]: made by the stress seeds, summed by stress_seeds().
-std::int64_t g_stress_spare_composites = 0;
-
 // `holding`: launches are held on the GPU for prefetches in flight (Note [Holding a launch on the GPU]), on an
 // eager device without the migration thread, so that the test's ticks finish the prefetches they wait for.
 void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats& out, std::int64_t& reuses,
-            std::int64_t& composites, std::int64_t& splits, std::int64_t& homes, bool holding = false,
-            bool one_stream = false) {
+            std::int64_t& composites, std::int64_t& spare_composites, std::int64_t& splits, std::int64_t& homes,
+            bool holding = false, bool one_stream = false) {
   std::mt19937 rng(seed);
   auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
   const std::size_t budget = (6 + pick(14)) * 2 * MiB;
@@ -2135,7 +2132,7 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
   out = h.alloc.residency();
   reuses = h.alloc.stats().num_oversize_reuses;
   composites = h.alloc.stats().num_composites;
-  g_stress_spare_composites += h.alloc.stats().num_spare_composites;
+  spare_composites = h.alloc.stats().num_spare_composites;  // Note [Spare composites]
   splits = h.alloc.stats().num_splits;
   homes = h.alloc.stats().num_home_segments;
 }
@@ -2145,16 +2142,17 @@ void stress(std::uint32_t seed, forecast_mode mode, bool thread, residency_stats
 void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, bool thread, bool holding = false,
                   bool one_stream = false) {
   residency_stats sum;
-  std::int64_t reuses = 0, composites = 0, splits = 0, homes = 0;
-  g_stress_spare_composites = 0;
+  std::int64_t reuses = 0, composites = 0, spare_composites = 0, splits = 0, homes = 0;
   const std::uint64_t holds_before = residency_gate::waits().holds;
   for (std::uint32_t seed = first; seed <= last; ++seed) {
     residency_stats st;
-    std::int64_t seed_reuses = 0, seed_composites = 0, seed_splits = 0, seed_homes = 0;
-    stress(seed, mode, thread, st, seed_reuses, seed_composites, seed_splits, seed_homes, holding, one_stream);
+    std::int64_t seed_reuses = 0, seed_composites = 0, seed_spare_composites = 0, seed_splits = 0, seed_homes = 0;
+    stress(seed, mode, thread, st, seed_reuses, seed_composites, seed_spare_composites, seed_splits, seed_homes,
+           holding, one_stream);
     reuses += seed_reuses;
     homes += seed_homes;
     composites += seed_composites;
+    spare_composites += seed_spare_composites;
     splits += seed_splits;
     if (::testing::Test::HasFatalFailure()) return;
     sum.evictions += st.evictions;
@@ -2178,7 +2176,7 @@ void stress_seeds(std::uint32_t first, std::uint32_t last, forecast_mode mode, b
               "with a following reserve %lld; spare chunks released for another size %lld\n",
               static_cast<long long>(sum.writeback_checked), static_cast<long long>(sum.writeback_skipped),
               static_cast<long long>(reuses), static_cast<long long>(composites),
-              static_cast<long long>(g_stress_spare_composites), static_cast<long long>(splits),
+              static_cast<long long>(spare_composites), static_cast<long long>(splits),
               static_cast<long long>(homes), static_cast<long long>(sum.cache_misses),
               static_cast<long long>(sum.cache_reserve_bytes), static_cast<long long>(sum.reserve_followed),
               static_cast<long long>(sum.chunks_released_for_size));

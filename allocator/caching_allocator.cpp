@@ -640,6 +640,11 @@ struct caching_allocator::impl final : detail::page_source {
   [[nodiscard]] bool donor_locked(const segment* seg, const stream_pool* pool) const noexcept;
   void retire_donor_locked(segment* seg, std::vector<std::pair<std::size_t, detail::device_chunk>>& parts);
   void reap_zombies_locked();       // unmaps the zombies whose pool's fence covers them
+  // Notes [Composites], [Spare composites]: a new VA of `total` granules with `parts` mapped side by side, in order,
+  // and access granted. When a driver call fails, what it mapped is unmapped and the VA released before the error
+  // goes on; the parts stay the caller's.
+  device_ptr map_parts_locked(const std::vector<std::pair<std::size_t, detail::device_chunk>>& parts,
+                              std::size_t total);
   // Unmaps the first `count` parts of a composite laid out from `va` (all of them by default).
   void unmap_parts_locked(device_ptr va, const std::vector<std::pair<std::size_t, detail::device_chunk>>& parts,
                           std::size_t count = SIZE_MAX);
@@ -1144,21 +1149,12 @@ segment* caching_allocator::impl::compose_locked(stream_pool* pool, std::size_t 
   fences_wanted = true;  // the zombies want their fence
   const std::size_t total = std::max(sum, n);
   device_ptr va = 0;
-  std::size_t mapped = 0;
   try {
-    va = reserve_va_locked(total);
-    std::size_t off = 0;
-    for (; mapped < parts.size(); ++mapped) {
-      port.map(va + off, parts[mapped].first, parts[mapped].second.handle, 0);
-      off += parts[mapped].first;
-    }
-    port.set_access(va, total << gran_shift);
+    va = map_parts_locked(parts, total);
   } catch (...) {
     // The parts may still be mapped at their zombies, used by queued work: they become spares only once the GPU
     // is past it (a host wait, on a path the driver failed on).
     try {
-      unmap_parts_locked(va, parts, mapped);
-      if (va) release_va_locked(va, total);
       fence_all_locked();
       for (const auto& [bytes, chunk] : parts) engine->give_chunk_locked(bytes, chunk);
     } catch (...) {
@@ -1202,22 +1198,10 @@ segment* caching_allocator::impl::compose_spares_locked(stream_pool* pool, std::
     sum = n;
   }
   device_ptr va = 0;
-  std::size_t mapped = 0;
   try {
-    va = reserve_va_locked(sum);
-    std::size_t off = 0;
-    for (; mapped < parts.size(); ++mapped) {
-      port.map(va + off, parts[mapped].first, parts[mapped].second.handle, 0);
-      off += parts[mapped].first;
-    }
-    port.set_access(va, sum << gran_shift);
+    va = map_parts_locked(parts, sum);
   } catch (...) {
-    try {  // nothing was enqueued at this VA: the chunks are spares again at once
-      unmap_parts_locked(va, parts, mapped);
-      if (va) release_va_locked(va, sum);
-    } catch (...) {
-    }
-    give_back();
+    give_back();  // nothing was enqueued at that VA: the chunks are spares again at once
     throw;
   }
   segment* s = add_segment_locked(pool, va, sum << gran_shift, {});
@@ -1226,6 +1210,30 @@ segment* caching_allocator::impl::compose_spares_locked(stream_pool* pool, std::
   st.spare_composite_parts += static_cast<std::int64_t>(s->parts.size());
   st.segment_new_ns += elapsed_ns(start);
   return s;
+}
+
+// Notes [Composites], [Spare composites]
+device_ptr caching_allocator::impl::map_parts_locked(
+    const std::vector<std::pair<std::size_t, detail::device_chunk>>& parts, std::size_t total) {
+  device_ptr va = 0;
+  std::size_t mapped = 0;
+  try {
+    va = reserve_va_locked(total);
+    std::size_t off = 0;
+    for (; mapped < parts.size(); ++mapped) {
+      port.map(va + off, parts[mapped].first, parts[mapped].second.handle, 0);
+      off += parts[mapped].first;
+    }
+    port.set_access(va, total << gran_shift);
+  } catch (...) {
+    try {
+      unmap_parts_locked(va, parts, mapped);
+      if (va) release_va_locked(va, total);
+    } catch (...) {
+    }
+    throw;
+  }
+  return va;
 }
 
 // Note [Composites]: the donor's chunks join `parts`; its VA, still mapped, becomes a zombie; the segment is gone.

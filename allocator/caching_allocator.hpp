@@ -32,7 +32,8 @@ struct allocator_options {
   std::size_t small_max = std::size_t{1} << 20;   // requests up to this are packed into slabs
   double oversize = 1.0;  // LAYERSWAP_OVERSIZE: Note [Oversize reuse] in caching_allocator.cpp; 1 = off
   bool composites = false;  // LAYERSWAP_COMPOSITES: Note [Composites] in caching_allocator.cpp (residency only)
-  // Note [Spare composites] in caching_allocator.cpp (residency only): no setting; off only in tests.
+  // Note [Spare composites] in caching_allocator.cpp (residency only): no setting; off in tests that say so, and
+  // with the development switch LSDEV_SPARE_COMPOSITES=0 (read by the allocator itself, for A/B runs).
   bool spare_composites = true;
   // LAYERSWAP_SPLIT: Note [Split segments] in caching_allocator.cpp (residency only): 0 = off, else the most times
   // its size a segment is that a large request takes a range of; while the reserve for activations is the step's

@@ -571,6 +571,7 @@ class faulty_driver final : public driver {
   std::function<void()> on_stream_wait;  // before each stream_wait (may throw)
   std::function<void(std::size_t, memory_location)> on_create;  // before each create
   std::function<void(phys_handle)> on_release;                   // before each release
+  int fail_maps_after = -1;  // map() throws once this many more calls have succeeded (-1: never)
   [[nodiscard]] int device() const noexcept override { return sim_.device(); }
   [[nodiscard]] std::uint64_t context_id() const noexcept override { return sim_.context_id(); }
   [[nodiscard]] std::size_t granularity() override { return sim_.granularity(); }
@@ -590,7 +591,14 @@ class faulty_driver final : public driver {
     }
     sim_.release(h);
   }
-  void map(device_ptr va, std::size_t b, phys_handle h, std::size_t o) override { sim_.map(va, b, h, o); }
+  void map(device_ptr va, std::size_t b, phys_handle h, std::size_t o) override {
+    if (fail_maps_after == 0) {
+      fail_maps_after = -1;
+      throw cuda_error(999, "faulty_driver: map failed on purpose");
+    }
+    if (fail_maps_after > 0) --fail_maps_after;
+    sim_.map(va, b, h, o);
+  }
   void unmap(device_ptr va, std::size_t b) override { sim_.unmap(va, b); }
   void set_access(device_ptr va, std::size_t b) override { sim_.set_access(va, b); }
   [[nodiscard]] stream_handle create_stream() override { return sim_.create_stream(); }
@@ -2915,6 +2923,44 @@ TEST(Residency, UnderAFollowingReserveALargeRequestMapsSparesSideBySide) {
       h.alloc.set_forecast_source(nullptr);
     }
   }
+}
+
+// Note [Spare composites]: when the driver fails to map the second spare, what was mapped is unmapped, the VA
+// released and both spares go back to the pool; the request fails with the driver's error, the books add up, and the
+// next request makes the composite.
+TEST(Residency, ASpareCompositeWhoseMapFailsGivesItsSparesBack) {
+  follow_on mode(true);
+  sim_driver sim(harness::make_sim(true, true));
+  faulty_driver port(sim);
+  caching_allocator alloc(port, harness::make_options(24 * MiB, false, true, true));
+  std::vector<void*> held;
+  for (const auto& [bytes, v] : {std::pair{8 * MiB, 0x31}, std::pair{6 * MiB, 0x32}, std::pair{10 * MiB, 0x33}}) {
+    held.push_back(alloc.allocate(bytes, nullptr));
+    sim.launch(nullptr, {{reinterpret_cast<device_ptr>(held.back()), bytes, true, static_cast<std::uint8_t>(v)}});
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(alloc.request_evict(held[i]));
+    alloc.residency_tick();
+  }
+  ASSERT_EQ(alloc.residency().spare_bytes, static_cast<std::int64_t>(14 * MiB));
+  port.fail_maps_after = 1;
+  EXPECT_THROW((void)alloc.allocate(13 * MiB, nullptr), cuda_error);
+  EXPECT_EQ(alloc.residency().spare_bytes, static_cast<std::int64_t>(14 * MiB)) << "a spare was lost";
+  EXPECT_EQ(alloc.stats().num_spare_composites, 0);
+  EXPECT_NO_THROW(alloc.verify());
+  EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
+  void* a = alloc.allocate(13 * MiB, nullptr);
+  EXPECT_EQ(alloc.stats().num_spare_composites, 1);
+  sim.launch(nullptr, {{reinterpret_cast<device_ptr>(a), 13 * MiB, true, 0x41}});
+  EXPECT_TRUE(sim_holds(sim, a, 13 * MiB, 0x41));
+  EXPECT_TRUE(sim_holds(sim, held[0], 8 * MiB, 0x31)) << "the evicted region reads its host copy";
+  EXPECT_TRUE(sim_holds(sim, held[1], 6 * MiB, 0x32));
+  EXPECT_TRUE(sim_holds(sim, held[2], 10 * MiB, 0x33));
+  EXPECT_LE(sim.live_device_bytes(), 24 * MiB);
+  held.push_back(a);
+  for (void* p : held) alloc.deallocate(p);
+  EXPECT_NO_THROW(alloc.verify());
+  EXPECT_TRUE(sim.violations().empty()) << first_violation(sim);
 }
 
 // Note [Home segments]: a home segment's chunk becomes a spare again only once its stream is past the segment's last

@@ -115,6 +115,7 @@ caching_allocator& allocator_for(int device) {
   // it moves regions only while the launch tracker feeds the residency gate.
   opts.residency.enabled = cfg.enabled;
   opts.residency.prefetch = cfg.prefetch;
+  opts.residency.prefetch_tune = cfg.prefetch_tune;
   opts.residency.pin = pin_setting{cfg.pin_first, cfg.pin_last, cfg.pin_bytes};
   opts.residency.host_limit = cfg.host_limit;
   opts.residency.skip_clean = !cfg.writeback_always;
@@ -227,6 +228,15 @@ std::string stats_report() {
                     format_bytes(static_cast<std::uint64_t>(r.cache_reserve_bytes)).c_str(),
                     static_cast<long long>(r.cache_misses), static_cast<long long>(r.reserve_followed),
                     static_cast<long long>(r.reserve_auto_changes));
+      out += line;
+    }
+    if (r.prefetch_tunings || r.prefetch_tune_steps) {  // LAYERSWAP_PREFETCH=tune
+      const std::string limit = r.prefetch_limit ? std::to_string(r.prefetch_limit) + " regions" : std::string("auto");
+      std::snprintf(line, sizeof line,
+                    "layerswap: device %d: LAYERSWAP_PREFETCH=tune: %lld tunings finished over %lld timed steps; the "
+                    "distance in force %s\n",
+                    st.device, static_cast<long long>(r.prefetch_tunings), static_cast<long long>(r.prefetch_tune_steps),
+                    limit.c_str());
       out += line;
     }
   }

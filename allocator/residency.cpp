@@ -316,6 +316,21 @@
 //   before the wait the prefetch was begun. The waits are also summed by the eighth of the learned step the
 //   policy's last forecast was in, beside the peak of the transient bytes (Note [Policy]) seen in each eighth,
 //   which shows where in the step the forward and backward passes lie.
+//
+// Note [Tuned prefetch]
+//   LAYERSWAP_PREFETCH=tune (experimental): the distance is chosen per learned step length from the step times the
+//   policy rounds see (allocator/prefetch_tuner.hpp). Training wants auto: a GEMM reads a weight left on the host at
+//   6-25 GB/s. One token of generation reads each weight once, about as fast from the host as a copy would, and
+//   moving every weight costs more in host mappings than the link does (session 58, 25% of a 1.1B Llama's weights:
+//   auto 56.5 ms a token, 16 regions 37.8 ms, 4 regions 38.7 ms; in training 16 regions ran 1.107x auto's step).
+//   A round that sees the learned step begin at a later launch (position - step_position) counts the steps since
+//   the last one and times them by the round's clock. After three steps, auto is timed (three steps, their median,
+//   and the most regions its wanted set held), then halvings of that count, each after one step to settle; the
+//   trial stops at a distance 10% slower than the best so far, at the fifth, or below two regions. The fastest
+//   shorter distance is kept when it is at least 5% faster than auto, else auto; the choice is remembered per step
+//   length (eight of them), so an order relearned at the same length keeps it (one token's pass, relearned after
+//   the next prompt's: whether the learner finds the same length there is for the GPU run to show). The rounds run at least every millisecond while launches come, so a step of a
+//   few milliseconds or less is timed coarsely; the margin is there for that and for the noise.
 #include "allocator/residency.hpp"
 
 #include <algorithm>
@@ -331,6 +346,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "allocator/prefetch_tuner.hpp"
 #include "allocator/residency_gate.hpp"
 #include "runtime/config.hpp"
 #include "runtime/digest.hpp"
@@ -602,6 +618,7 @@ struct residency_engine::impl {
   std::vector<swap_region*> order_scratch;
   std::vector<swap_region*> run_scratch;
   std::uint64_t policy_round = 0;
+  prefetch_tuner tuner;  // LAYERSWAP_PREFETCH=tune (Note [Tuned prefetch]); guarded by `mutex`
   std::thread thread;
   std::mutex wake_mutex;
   std::condition_variable wake_cv;
@@ -1820,6 +1837,41 @@ struct residency_engine::impl {
     return true;
   }
 
+  // Note [Tuned prefetch]: the distance the tuner has in force for this step, timed by this round's clock.
+  std::size_t tuned_limit(const forecast& f) {
+    const std::uint64_t start = f.position >= f.step_position ? f.position - f.step_position : 0;
+    const std::uint64_t now = options.tune_clock ? options.tune_clock()
+                                                 : static_cast<std::uint64_t>(
+                                                       std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                           std::chrono::steady_clock::now().time_since_epoch())
+                                                           .count());
+    bool finished = false;
+    const std::size_t n = tuner.observe(f.generation, f.step_launches, start, now, finished);
+    if (finished) log_tuning(tuner.last());
+    st.prefetch_limit = static_cast<std::int64_t>(n);
+    st.prefetch_tunings = static_cast<std::int64_t>(tuner.tunings());
+    st.prefetch_tune_steps = static_cast<std::int64_t>(tuner.trial_steps());
+    return n == prefetch_tuner::k_auto ? k_far : n;
+  }
+
+  static void log_tuning(const prefetch_tuner::outcome& o) {
+    char trials[256] = "";
+    std::size_t used = 0;
+    for (std::size_t i = 0; i < o.count && used < sizeof trials; ++i) {
+      const prefetch_tuner::trial& t = o.trials[i];
+      const int n = t.regions == prefetch_tuner::k_auto
+                        ? std::snprintf(trials + used, sizeof trials - used, "%sauto (%zu regions) %.1f ms",
+                                        i ? ", " : "", o.auto_regions, static_cast<double>(t.step_ns) / 1e6)
+                        : std::snprintf(trials + used, sizeof trials - used, "%s%zu %.1f ms", i ? ", " : "",
+                                        t.regions, static_cast<double>(t.step_ns) / 1e6);
+      if (n < 0) break;
+      used += static_cast<std::size_t>(n);
+    }
+    const std::string chosen = o.chosen == prefetch_tuner::k_auto ? std::string("auto") : std::to_string(o.chosen);
+    LAYERSWAP_LOG(info, "residency: LAYERSWAP_PREFETCH=tune: %s for a step of %llu launches (a step's median: %s)",
+                  chosen.c_str(), static_cast<unsigned long long>(o.step_launches), trials);
+  }
+
   void policy_forecast(const forecast& f, std::size_t budget) {
     const std::size_t transient = transient_bytes();
     max_transient = std::max(max_transient, transient);
@@ -1855,7 +1907,7 @@ struct residency_engine::impl {
     order.clear();
     order_from.clear();
     std::size_t bytes = 0;  // the wanted set's bytes, on the step peak's path (without the profile)
-    const std::size_t limit = options.prefetch ? options.prefetch : k_far;
+    const std::size_t limit = options.prefetch_tune ? tuned_limit(f) : options.prefetch ? options.prefetch : k_far;
     // Note [Reserve profile]: the room in each 64th ahead, its own peak (unseen: the step's) set aside.
     const bool by_profile = profile_ready && f.step_launches != 0;
     if (by_profile) {
@@ -1915,6 +1967,7 @@ struct residency_engine::impl {
         order.push_back(r);
       }
     }
+    if (options.prefetch_tune) tuner.note_wanted(order.size());
 
     // Forecast regions on the device (or coming in) may hold at most `capacity`: the rest of the budget is the
     // reserve. When the wanted regions still on the host do not fit beside what is committed, or the commitment

@@ -45,6 +45,9 @@ struct residency_options {
   bool thread = true;
   // LAYERSWAP_PREFETCH: regions of the forecast prefetched ahead (from the front); 0 = auto (budget-bound).
   std::size_t prefetch = 0;
+  // LAYERSWAP_PREFETCH=tune: the distance chosen per learned step length from the step times seen (residency.cpp,
+  // Note [Tuned prefetch]); `prefetch` is then 0.
+  bool prefetch_tune = false;
   pin_setting pin;                                  // LAYERSWAP_PIN
   std::size_t host_limit = 0;                       // LAYERSWAP_HOST_LIMIT: host bytes for backing; 0 = no cap
   // LAYERSWAP_WRITEBACK=skip-clean: skip an eviction's copy when the region's digest proves the host copy current
@@ -71,6 +74,8 @@ struct residency_options {
   // Tests: called inside every remap (between try_begin_remap and end_remap); the allocator mutex is held when
   // the remap is made by settling or a synchronous eviction, not when the migration thread's tick() makes it.
   std::function<void(region_id)> remap_hook;
+  // Tests: the clock the prefetch tuner times steps with, in ns (default: std::chrono::steady_clock).
+  std::function<std::uint64_t()> tune_clock;
   // Tests: called when the gate refuses a remap (the move is then abandoned), after a prefetch's holds are released;
   // without the mutex when the migration thread's tick() made the attempt.
   std::function<void(region_id)> refused_hook;
@@ -120,6 +125,11 @@ struct residency_stats {
   std::int64_t reserve_followed = 0;     // policy rounds whose reserve followed the step (Note [Following reserve])
   std::int64_t reserve_auto_changes = 0;  // LAYERSWAP_RESERVE=auto turning following on or off (Note [Automatic reserve])
   std::int64_t cache_misses = 0;       // allocations that destroyed a cached segment for want of their size
+  // LAYERSWAP_PREFETCH=tune (Note [Tuned prefetch] in residency.cpp): the distance in force (regions; 0: auto), the
+  // tunings finished and the steps they timed.
+  std::int64_t prefetch_limit = 0;
+  std::int64_t prefetch_tunings = 0;
+  std::int64_t prefetch_tune_steps = 0;
   // Note [Late prefetches] in residency.cpp: prefetches a launch waited for, their bytes, how long after its
   // begin the first launch began waiting (summed), and that wait split: until the copy was seen complete, and
   // from then until the remap ended; the waits summed by the eighth of the learned step they happened in.

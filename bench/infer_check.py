@@ -119,8 +119,20 @@ def worker(args):
         traffic.pop("sources", None)
         out["layerswap_per_token"] = traffic
         out["layerswap_peak_reserved_bytes"] = after["reserved_bytes"]["peak"]
+        # LAYERSWAP_PREFETCH=tune: the distance in force at the end (0: auto), tunings finished, steps they timed
+        out["layerswap_prefetch"] = {k: after.get(k) for k in ("prefetch_limit", "prefetch_tunings",
+                                                               "prefetch_tune_steps")}
     with open(args.out_file, "w") as f:
         json.dump(out, f, indent=1)
+
+
+def tuned_text(prefetch):
+    """LAYERSWAP_PREFETCH=tune's outcome for the summary line ('' when it never tuned)."""
+    if not prefetch or not (prefetch.get("prefetch_tunings") or prefetch.get("prefetch_tune_steps")):
+        return ""
+    limit = prefetch.get("prefetch_limit") or 0
+    return (f"; tuned: {limit or 'auto'}{' regions' if limit else ''} (tunings finished "
+            f"{prefetch.get('prefetch_tunings')}, steps timed {prefetch.get('prefetch_tune_steps')})")
 
 
 def parse_variants(text):
@@ -262,6 +274,7 @@ def main():
                          "bound_token_s": bound, "token_over_bound": l_sum["token_s"] / bound if bound else None,
                          "layerswap_per_token": ls.get("layerswap_per_token"),
                          "layerswap_peak_reserved_bytes": ls.get("layerswap_peak_reserved_bytes"),
+                         "layerswap_prefetch": ls.get("layerswap_prefetch"),
                          "run_s": ls["run_s"], "stats_lines": ls["stats_lines"]})
             res["cases"].append(case)
             t = ls.get("layerswap_per_token") or {}
@@ -271,7 +284,8 @@ def main():
                   + f"), prefill {l_sum['prefill_s'] * 1e3:.1f} ms; per token: H2D "
                   f"{(t.get('bytes_h2d_per_step') or 0) / 1e9:.2f} GB, hit rate {t.get('hit_rate') or 0:.3f}, "
                   f"launch waits {(t.get('launch_wait_s_per_step') or 0) * 1e3:.1f} ms, remaps "
-                  f"{(t.get('remap_s_per_step') or 0) * 1e3:.1f} ms", flush=True)
+                  f"{(t.get('remap_s_per_step') or 0) * 1e3:.1f} ms"
+                  + tuned_text(ls.get("layerswap_prefetch")), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)

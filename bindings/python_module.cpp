@@ -147,6 +147,9 @@ py::dict residency_dict(const residency_stats& r) {
   d["reserve_followed"] = r.reserve_followed;
   d["reserve_auto_changes"] = r.reserve_auto_changes;
   d["cache_misses"] = r.cache_misses;
+  d["prefetch_limit"] = r.prefetch_limit;
+  d["prefetch_tunings"] = r.prefetch_tunings;
+  d["prefetch_tune_steps"] = r.prefetch_tune_steps;
   d["late_prefetches"] = r.late_prefetches;
   d["late_bytes"] = r.late_bytes;
   d["late_lead_s"] = static_cast<double>(r.late_lead_us) * 1e-6;

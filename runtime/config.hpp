@@ -62,6 +62,7 @@ struct config {
   track_api_mode track_api = track_api_mode::driver;
   std::string trace;             // LAYERSWAP_TRACE: path of a Chrome/Perfetto launch trace ("" for none)
   std::size_t prefetch = 0;      // LAYERSWAP_PREFETCH: regions prefetched ahead; 0 = auto (as the budget allows)
+  bool prefetch_tune = false;    // LAYERSWAP_PREFETCH=tune: the distance chosen from the step times seen
   // LAYERSWAP_PIN: groups never evicted: the first/last N groups of a step, or the first ones up to pin_bytes.
   std::uint32_t pin_first = 0;
   std::uint32_t pin_last = 0;

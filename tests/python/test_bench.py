@@ -237,6 +237,12 @@ def test_infer_check_arguments():
     a = {"rounds": [{"tokens": [1, 2], "logits_sha256": "x"}, {"tokens": [1, 2], "logits_sha256": "x"}]}
     assert infer_check.same_rounds(a, a)
     assert not infer_check.same_rounds(a, {"rounds": a["rounds"][:1]})
+    assert infer_check.tuned_text(None) == ""
+    assert infer_check.tuned_text({"prefetch_limit": 0, "prefetch_tunings": 0, "prefetch_tune_steps": 0}) == ""
+    assert infer_check.tuned_text({"prefetch_limit": 16, "prefetch_tunings": 1, "prefetch_tune_steps": 12}) == (
+        "; tuned: 16 regions (tunings finished 1, steps timed 12)")
+    assert "tuned: auto" in infer_check.tuned_text({"prefetch_limit": 0, "prefetch_tunings": 2,
+                                                    "prefetch_tune_steps": 9})
     assert not infer_check.same_rounds(a, {"rounds": [a["rounds"][0], {"tokens": [1, 2], "logits_sha256": "y"}]})
     assert not infer_check.same_rounds(a, {"rounds": [a["rounds"][0], {"tokens": [1, 3], "logits_sha256": "x"}]})
 

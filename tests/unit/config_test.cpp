@@ -741,6 +741,15 @@ TEST(SwapSettings, ParseAndRejectNamingTheVariable) {
   EXPECT_EQ(c.pin_bytes, std::size_t{2} << 30);
   EXPECT_EQ(c.host_limit, 0u);
   EXPECT_EQ(parse_config(vars{{"LAYERSWAP_PIN", "last:1"}}).pin_last, 1u);
+  {
+    const config tuned = parse_config(vars{{"LAYERSWAP_PREFETCH", " Tune "}});  // Note [Tuned prefetch]
+    EXPECT_TRUE(tuned.prefetch_tune);
+    EXPECT_EQ(tuned.prefetch, 0u);
+    EXPECT_NE(tuned.describe().find("LAYERSWAP_PREFETCH=tune\n"), std::string::npos) << tuned.describe();
+    EXPECT_FALSE(parse_config(vars{{"LAYERSWAP_PREFETCH", "8"}}).prefetch_tune);
+    const std::string why = config_error_of(vars{{"LAYERSWAP_PREFETCH", "tuned"}});
+    EXPECT_NE(why.find("auto, tune, or a number of regions"), std::string::npos) << why;
+  }
   EXPECT_FALSE(parse_config(vars{}).writeback_always);
   EXPECT_FALSE(parse_config(vars{{"LAYERSWAP_WRITEBACK", "Skip-Clean"}}).writeback_always);
   EXPECT_TRUE(parse_config(vars{{"LAYERSWAP_WRITEBACK", " always "}}).writeback_always);

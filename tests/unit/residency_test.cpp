@@ -55,6 +55,12 @@ class fixed_forecast final : public forecast_source {
     f_.step_position = step_position;
     f_.step_launches = step_launches;
   }
+  // ... with the launch number it stands at (the step began at launch - step_position).
+  void set_launch(std::uint64_t launch, std::uint64_t step_position) {
+    std::lock_guard lock(mutex_);
+    f_.position = launch;
+    f_.step_position = step_position;
+  }
   void current(forecast& out, std::size_t max_regions) override {
     std::lock_guard lock(mutex_);
     out = f_;
@@ -164,6 +170,15 @@ struct batch_digests_for {
   ~batch_digests_for() { g_batch_digests = true; }
 };
 
+// ... and residency_options::prefetch_tune with its clock (Note [Tuned prefetch]): off, as by default;
+// prefetch_tune_on for one test, whose clock reads g_tune_ns.
+bool g_prefetch_tune = false;
+std::uint64_t g_tune_ns = 0;
+struct prefetch_tune_on {
+  prefetch_tune_on() { g_prefetch_tune = true; }
+  ~prefetch_tune_on() { g_prefetch_tune = false; }
+};
+
 struct harness {
   explicit harness(std::size_t budget, bool eager = true, bool thread = false, bool without_tracker = true,
                    bool skip_clean = true, bool sim_digests = true, double oversize = 1.0, bool cache_auto = false)
@@ -206,6 +221,8 @@ struct harness {
     o.split_free_peak = g_split_free_peak;
     o.residency.reserve = g_auto ? reserve_mode::automatic : g_follow ? reserve_mode::follow : reserve_mode::peak;
     o.residency.batch_digests = g_batch_digests;
+    o.residency.prefetch_tune = g_prefetch_tune;
+    if (g_prefetch_tune) o.residency.tune_clock = [] { return g_tune_ns; };
     return o;
   }
 
@@ -1252,6 +1269,48 @@ TEST(Residency, PolicyPrefetchesInForecastOrderWithinTheBudget) {
   h.alloc.deallocate(t);
   for (int i = 0; i < 4; ++i) h.alloc.residency_tick();
   EXPECT_LE(h.alloc.stats().device_bytes.current, static_cast<std::int64_t>(16 * MiB));
+  h.expect_clean();
+  for (void* q : p) h.alloc.deallocate(q);
+}
+
+// LAYERSWAP_PREFETCH=tune (Note [Tuned prefetch]): the engine times steps of a learned forecast by the rounds that see
+// each begin, tries auto and then halvings of the regions auto wanted, and keeps the fastest; the wanted set then
+// holds no more regions than the distance chosen.
+TEST(Residency, ATunedPrefetchKeepsTheFastestDistanceAndPrefetchesNoFurther) {
+  prefetch_tune_on tune;
+  fixed_forecast f;
+  harness h(16 * MiB);
+  h.alloc.set_forecast_source(&f);
+  std::vector<void*> p;
+  std::vector<region_id> order;
+  for (int i = 0; i < 8; ++i) {
+    p.push_back(h.alloc.allocate(2 * MiB, h.s1));
+    h.write(h.s1, p.back(), 2 * MiB, static_cast<std::uint8_t>(20 + i));
+    order.push_back(harness::id_of(p.back()));
+  }
+  for (void* q : p) ASSERT_TRUE(h.alloc.request_evict(q));
+  h.alloc.residency_tick();
+  f.set(order);  // all eight fit the budget: auto wants eight, the tuner then tries 4 and 2
+  // A step at 4 regions takes 30 ms, at 2 40 ms, with auto 50 ms; a policy round at each step's start.
+  std::vector<std::int64_t> limits;
+  for (std::uint64_t step = 0; step < 40; ++step) {
+    f.set_launch(1000 * (step + 1), 0);
+    h.alloc.residency_tick();
+    const std::int64_t limit = h.alloc.residency().prefetch_limit;
+    if (limits.empty() || limits.back() != limit) limits.push_back(limit);
+    g_tune_ns += static_cast<std::uint64_t>(limit == 0 ? 50 : limit == 4 ? 30 : 40) * 1'000'000;
+  }
+  EXPECT_EQ(limits, (std::vector<std::int64_t>{0, 4, 2, 4})) << "auto, 4, 2, then 4 kept";
+  const residency_stats st = h.alloc.residency();
+  EXPECT_EQ(st.prefetch_tunings, 1);
+  EXPECT_EQ(st.prefetch_tune_steps, 9);
+  // Everything back on the host: the policy brings in the forecast's first four only.
+  for (void* q : p) ASSERT_TRUE(h.alloc.request_evict(q));
+  for (int i = 0; i < 8; ++i) h.alloc.residency_tick();
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(h.alloc.residency_of(p[i]), i < 4 ? region_residency::device : region_residency::host) << i;
+    EXPECT_TRUE(h.holds(p[i], 2 * MiB, static_cast<std::uint8_t>(20 + i))) << i;
+  }
   h.expect_clean();
   for (void* q : p) h.alloc.deallocate(q);
 }

@@ -591,11 +591,12 @@ namespace {
 // whose steps are 4,050 launches apart for most parameter uses (4,402 for some: steps differ a little). On the
 // H100 the learner learned 18-launch "steps" here 88 times: a lag whose last epoch held one lucky comparison was
 // accepted. It must find the step.
-TEST(LearnerReplay, FindsTheStepOfARealLlamaLoraRun) {
+// tests/data/llama_lora_launches.txt: one launch a line, its kernel key and then its regions ('#': a comment).
+std::vector<launch_spec> read_llama_lora_launches() {
   const std::string path = std::string(LAYERSWAP_TEST_DATA_DIR) + "/llama_lora_launches.txt";
-  std::FILE* f = std::fopen(path.c_str(), "r");
-  ASSERT_NE(f, nullptr) << path;
   std::vector<launch_spec> launches;
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return launches;
   char line[4096];
   while (std::fgets(line, sizeof line, f)) {
     if (line[0] == '#') continue;
@@ -611,7 +612,12 @@ TEST(LearnerReplay, FindsTheStepOfARealLlamaLoraRun) {
     launches.push_back(std::move(s));
   }
   std::fclose(f);
-  ASSERT_GT(launches.size(), 20000u);
+  return launches;
+}
+
+TEST(LearnerReplay, FindsTheStepOfARealLlamaLoraRun) {
+  const std::vector<launch_spec> launches = read_llama_lora_launches();
+  ASSERT_GT(launches.size(), 20000u) << "tests/data/llama_lora_launches.txt";
   learner l;
   feeder feed{l};
   std::uint64_t max_period = 0;
@@ -627,6 +633,49 @@ TEST(LearnerReplay, FindsTheStepOfARealLlamaLoraRun) {
               static_cast<unsigned long long>(st.recurring_regions), static_cast<unsigned long long>(st.groups));
   EXPECT_GE(max_period, 4000u) << "the learner never learned a step-sized period";
   EXPECT_LE(st.learns, 4u) << "the learner kept learning and dropping periods";
+}
+
+// The step's start that a forecast implies (its launch number less its position in the step) is what
+// LAYERSWAP_PREFETCH=tune times steps by (allocator/prefetch_tuner.hpp): on the real stream, read as the migration
+// thread's rounds would (every 100 launches), it must move by one period at each step and otherwise only by the
+// learner's re-syncs, a few launches. The stream is played three times over; a generation's change (relearned at the
+// seams, where the run's first step differs) starts the count again.
+TEST(LearnerReplay, TheForecastsStepStartMovesByOnePeriodAStep) {
+  const std::vector<launch_spec> launches = read_llama_lora_launches();
+  ASSERT_GT(launches.size(), 20000u) << "tests/data/llama_lora_launches.txt";
+  learner l;
+  feeder feed{l};
+  forecast f;
+  std::uint64_t generation = 0;
+  std::uint64_t start = 0;
+  int steps = 0;
+  int resyncs = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (std::size_t i = 0; i < launches.size(); ++i) {
+      feed.launch(launches[i]);
+      if (i % 100 != 0) continue;
+      l.current(f, 0);
+      if (!f.learned) continue;
+      ASSERT_GE(f.position, f.step_position);
+      const std::uint64_t now = f.position - f.step_position;
+      if (f.generation != generation) {
+        generation = f.generation;
+        start = now;
+        continue;
+      }
+      const auto moved = static_cast<std::int64_t>(now - start);
+      const auto period = static_cast<std::int64_t>(f.step_launches);
+      if (2 * moved >= period) {
+        EXPECT_LE(std::abs(moved - period), period / 16) << "launch " << i << " of pass " << pass;
+        ++steps;
+      } else if (moved != 0) {
+        EXPECT_LT(std::abs(moved), period / 16) << "launch " << i << " of pass " << pass;
+        ++resyncs;
+      }
+      start = now;
+    }
+  }
+  EXPECT_GE(steps, 8) << "steps seen within a generation over three passes (" << resyncs << " re-syncs)";
 }
 
 }  // namespace

@@ -5,14 +5,26 @@
 
 namespace layerswap {
 
+namespace {
+
+// Two learned step lengths of one workload: a relearned step may count a few launches more or less (within a 64th,
+// or two launches).
+bool same_length(std::uint64_t a, std::uint64_t b) noexcept {
+  const std::uint64_t d = a > b ? a - b : b - a;
+  return d <= std::max<std::uint64_t>(2, std::max(a, b) / 64);
+}
+
+}  // namespace
+
 std::size_t prefetch_tuner::observe(std::uint64_t generation, std::uint64_t step_launches, std::uint64_t step_start,
                                     std::uint64_t now_ns, bool& finished) noexcept {
   finished = false;
   if (step_launches == 0) return limit_;
-  if (phase_ == phase::none || step_launches != step_launches_) {
-    // A step length not seen before: its remembered choice, else a tuning from the start.
-    const auto it = std::find_if(memos_.begin(), memos_.end(),
-                                 [&](const memo& m) { return m.step_launches == step_launches; });
+  if (phase_ == phase::none || !same_length(step_launches, step_launches_)) {
+    // Another step length: its remembered choice, else a tuning from the start.
+    const auto it = std::find_if(memos_.begin(), memos_.end(), [&](const memo& m) {
+      return m.step_launches != 0 && same_length(m.step_launches, step_launches);
+    });
     if (it != memos_.end()) {
       it->used = ++memo_clock_;
       limit_ = it->chosen;
@@ -26,10 +38,11 @@ std::size_t prefetch_tuner::observe(std::uint64_t generation, std::uint64_t step
     step_seen_ns_ = now_ns;
     return limit_;
   }
-  if (generation != generation_) {
-    // Relearned with the same length: a choice stands; a tuning starts over (its steps may have timed another
-    // order).
+  if (generation != generation_ || step_launches != step_launches_) {
+    // Relearned at the same length, or within a 64th of it: a choice stands; a tuning starts over (its
+    // steps may have timed another order).
     generation_ = generation;
+    step_launches_ = step_launches;
     if (tuning()) begin(step_launches);
     step_start_ = step_start;
     step_seen_ns_ = now_ns;
@@ -92,7 +105,8 @@ void prefetch_tuner::next_candidate(bool& finished) noexcept {
   const trial& last = current_.trials[current_.count - 1];
   std::uint64_t best = last.step_ns;
   for (std::size_t i = 0; i < current_.count; ++i) best = std::min(best, current_.trials[i].step_ns);
-  const bool worse = current_.count >= 2 && static_cast<double>(last.step_ns) > static_cast<double>(best) * (1 + k_worse);
+  const bool worse =
+      current_.count >= 2 && static_cast<double>(last.step_ns) > static_cast<double>(best) * (1 + k_worse);
   const std::size_t next = (last.regions == k_auto ? current_.auto_regions : last.regions) / 2;
   if (worse || current_.count == k_max_candidates || next < k_min_regions) {
     finish(finished);

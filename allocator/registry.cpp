@@ -235,8 +235,8 @@ std::string stats_report() {
       std::snprintf(line, sizeof line,
                     "layerswap: device %d: LAYERSWAP_PREFETCH=tune: %lld tunings finished over %lld timed steps; the "
                     "distance in force %s\n",
-                    st.device, static_cast<long long>(r.prefetch_tunings), static_cast<long long>(r.prefetch_tune_steps),
-                    limit.c_str());
+                    st.device, static_cast<long long>(r.prefetch_tunings),
+                    static_cast<long long>(r.prefetch_tune_steps), limit.c_str());
       out += line;
     }
   }

@@ -320,17 +320,18 @@
 // Note [Tuned prefetch]
 //   LAYERSWAP_PREFETCH=tune (experimental): the distance is chosen per learned step length from the step times the
 //   policy rounds see (allocator/prefetch_tuner.hpp). Training wants auto: a GEMM reads a weight left on the host at
-//   6-25 GB/s. One token of generation reads each weight once, about as fast from the host as a copy would, and
-//   moving every weight costs more in host mappings than the link does (session 58, 25% of a 1.1B Llama's weights:
-//   auto 56.5 ms a token, 16 regions 37.8 ms, 4 regions 38.7 ms; in training 16 regions ran 1.107x auto's step).
-//   A round that sees the learned step begin at a later launch (position - step_position) counts the steps since
-//   the last one and times them by the round's clock. After three steps, auto is timed (three steps, their median,
-//   and the most regions its wanted set held), then halvings of that count, each after one step to settle; the
-//   trial stops at a distance 10% slower than the best so far, at the fifth, or below two regions. The fastest
-//   shorter distance is kept when it is at least 5% faster than auto, else auto; the choice is remembered per step
-//   length (eight of them), so an order relearned at the same length keeps it (one token's pass, relearned after
-//   the next prompt's: whether the learner finds the same length there is for the GPU run to show). The rounds run at least every millisecond while launches come, so a step of a
-//   few milliseconds or less is timed coarsely; the margin is there for that and for the noise.
+//   6-25 GB/s. One token of generation reads each weight once, about as fast from the host as a copy would, and moving
+//   every weight costs more in host mappings than the link does (session 58, 25% of a 1.1B Llama's weights: auto 56.5
+//   ms a token, 16 regions 37.8 ms, 4 regions 38.7 ms; in training 16 regions ran 1.107x auto's step). A round that
+//   sees the learned step begin at a later launch (position - step_position) counts the steps since the last one and
+//   times them by the round's clock. After three steps, auto is timed (three steps, their median, and the most regions
+//   its wanted set held), then halvings of that count, each after one step to settle; the trial stops at a distance 10%
+//   slower than the best so far, at the fifth, or below two regions. The fastest shorter distance is kept when it is at
+//   least 5% faster than auto, else auto; the choice is remembered per step length (eight of them; lengths within a
+//   64th count as one), so an order relearned at the same length keeps it (one token's pass, relearned after the next
+//   prompt's: whether the learner finds the same length there is for the GPU run to show). The rounds run at least
+//   every millisecond while launches come, so a step of a few milliseconds or less is timed coarsely; the margin is
+//   there for that and for the noise.
 #include "allocator/residency.hpp"
 
 #include <algorithm>

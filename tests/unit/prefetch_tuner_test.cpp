@@ -130,6 +130,26 @@ TEST(PrefetchTuner, EachStepLengthKeepsItsChoice) {
   EXPECT_EQ(p.tuner.tunings(), 2u);
 }
 
+TEST(PrefetchTuner, ALengthALaunchOrTwoApartIsTheSameStep) {
+  player p;
+  p.steps(60, generation_cost);
+  ASSERT_EQ(p.tuner.limit(), 10u);
+  p.launches = 1001;  // relearned a launch longer
+  ++p.generation;
+  p.steps(10, generation_cost);
+  EXPECT_FALSE(p.tuner.tuning());
+  EXPECT_EQ(p.tuner.limit(), 10u);
+  p.launches = 700;  // another step, then back to one close to the first: its choice, no trial
+  p.steps(60, training_cost);
+  ASSERT_EQ(p.tuner.tunings(), 2u);
+  p.launches = 998;
+  EXPECT_EQ(p.step(generation_cost), 10u);
+  EXPECT_FALSE(p.tuner.tuning());
+  p.launches = 1100;  // a tenth longer: another step
+  p.step(generation_cost);
+  EXPECT_TRUE(p.tuner.tuning());
+}
+
 TEST(PrefetchTuner, ARelearnedOrderRestartsATuningButKeepsAChoice) {
   player p;
   p.steps(prefetch_tuner::k_warm_steps + 2, generation_cost);  // auto being timed
@@ -197,11 +217,11 @@ TEST(PrefetchTuner, NoStepLengthNoTuning) {
 TEST(PrefetchTuner, TheLeastRecentlyUsedStepLengthIsForgotten) {
   player p;
   for (std::uint64_t k = 0; k <= prefetch_tuner::k_remembered; ++k) {  // one more length than it keeps
-    p.launches = 1000 + k;
+    p.launches = 1000 + 100 * k;
     p.steps(60, generation_cost);
   }
   ASSERT_EQ(p.tuner.tunings(), prefetch_tuner::k_remembered + 1);
-  p.launches = 1000 + prefetch_tuner::k_remembered;  // the newest: remembered
+  p.launches = 1000 + 100 * prefetch_tuner::k_remembered;  // the newest: remembered
   p.step(generation_cost);
   EXPECT_FALSE(p.tuner.tuning());
   p.launches = 1000;  // the oldest: forgotten, tuned again

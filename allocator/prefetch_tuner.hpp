@@ -1,15 +1,16 @@
 // LAYERSWAP_PREFETCH=tune: the prefetch distance chosen from the step times the engine sees (residency.cpp,
 // Note [Tuned prefetch]).
 //
-// How far ahead to prefetch is not one answer for every workload. Training's GEMMs read a weight left on the host
-// at a few GB/s, so everything the budget allows should come in ahead (auto); one token of generation reads each
+// How far ahead to prefetch is not one answer for every workload. Training's GEMMs read a weight left on the host at
+// a few GB/s, so everything the budget allows should come in ahead (auto); one token of generation reads each
 // weight once, a matrix-vector product reads host memory about as fast as a copy would, and the host mappings of
 // moving every weight cost more than the link (session 58: at 25% of a 1.1B Llama's weights, `LAYERSWAP_PREFETCH=16`
 // took 37.8 ms a token against auto's 56.5 ms; in training 16 was 1.107x slower). The tuner tries, per learned step
-// length, auto and then shorter distances (halvings of the regions auto's wanted set held), a few steps each, and
-// keeps the fastest; a shorter distance only when its step is at least k_gain faster than auto's. It stops going
-// shorter once a distance is k_worse slower than the best so far. Pure logic: the engine calls it from its policy
-// rounds, under the allocator mutex, with the forecast's step and a clock; no allocation after construction.
+// length, auto and then shorter distances (halvings of the regions the last distance's wanted set held), a few steps
+// each, and keeps the fastest; a shorter distance only when its step is at least k_gain faster than auto's. It stops
+// going shorter once a distance is k_worse slower than the best so far, or no longer shrinks the wanted set (the
+// policy wants whole groups, so a distance below a group's size wants the group). Pure logic: the engine calls it
+// from its policy rounds, under the allocator mutex, with the forecast's step and a clock; no allocation.
 #pragma once
 
 #include <array>
@@ -21,7 +22,7 @@ namespace layerswap {
 class prefetch_tuner {
  public:
   static constexpr std::size_t k_auto = 0;                // no count limit (LAYERSWAP_PREFETCH=auto)
-  static constexpr unsigned k_warm_steps = 3;             // steps after a step length is learned, before a trial
+  static constexpr unsigned k_warm_steps = 3;             // steps of auto before it is timed
   static constexpr unsigned k_settle_steps = 1;           // steps after a distance is set that are not timed
   static constexpr unsigned k_timed_steps = 3;            // steps timed per distance (their median counts)
   static constexpr std::size_t k_max_candidates = 5;      // auto and up to four shorter distances
@@ -33,34 +34,36 @@ class prefetch_tuner {
   struct trial {
     std::size_t regions = k_auto;  // the distance (k_auto: auto)
     std::uint64_t step_ns = 0;     // the median of its timed steps; 0: not timed
+    std::size_t wanted = 0;        // the most regions a wanted set held under it
   };
   // The last finished tuning, for the log and the stats.
   struct outcome {
     std::uint64_t step_launches = 0;
     std::size_t chosen = k_auto;
-    std::size_t auto_regions = 0;  // the most regions auto's wanted set held while it was timed
     std::array<trial, k_max_candidates> trials{};
-    std::size_t count = 0;         // trials used
+    std::size_t count = 0;  // trials used; the first is auto's
   };
 
   // A policy round with a learned forecast: the step's length in launches, the launch number the current step
-  // began at, the forecast's generation and the time now. Returns the distance to apply (k_auto: none). Returns
-  // true in `finished` when this call ended a tuning (last() holds it).
+  // began at, the forecast's generation and the time the forecast was read. Returns the distance to apply (k_auto:
+  // none). Sets `finished` when this call ended a tuning (last() holds it).
   std::size_t observe(std::uint64_t generation, std::uint64_t step_launches, std::uint64_t step_start,
                       std::uint64_t now_ns, bool& finished) noexcept;
   // The wanted set the round built under the distance in force held `regions` regions.
   void note_wanted(std::size_t regions) noexcept;
   // The distance in force (k_auto when none).
   [[nodiscard]] std::size_t limit() const noexcept { return limit_; }
-  [[nodiscard]] bool tuning() const noexcept { return phase_ != phase::done && phase_ != phase::none; }
+  [[nodiscard]] bool tuning() const noexcept { return phase_ == phase::settle || phase_ == phase::timed; }
   [[nodiscard]] const outcome& last() const noexcept { return last_; }
   [[nodiscard]] std::uint64_t tunings() const noexcept { return tunings_; }
-  [[nodiscard]] std::uint64_t trial_steps() const noexcept { return trial_steps_; }
+  // Steps timed by tunings, finished or abandoned; tunings abandoned for another step length.
+  [[nodiscard]] std::uint64_t timed_steps() const noexcept { return timed_steps_; }
+  [[nodiscard]] std::uint64_t abandoned() const noexcept { return abandoned_; }
 
  private:
-  enum class phase : std::uint8_t { none, warm, settle, timed, done };
+  enum class phase : std::uint8_t { none, settle, timed, done };
   void begin(std::uint64_t step_launches) noexcept;
-  void on_step(std::uint64_t step_ns, bool& finished) noexcept;
+  void on_step(std::uint64_t step_ns, bool valid, bool& finished) noexcept;
   void next_candidate(bool& finished) noexcept;
   void finish(bool& finished) noexcept;
   void set_phase(phase p, unsigned steps) noexcept { phase_ = p, steps_left_ = steps; }
@@ -71,21 +74,23 @@ class prefetch_tuner {
   std::uint64_t generation_ = 0;
   std::uint64_t step_launches_ = 0;
   std::uint64_t step_start_ = 0;
-  std::uint64_t step_seen_ns_ = 0;  // when a round first saw the current step (0: not yet)
+  std::uint64_t step_seen_ns_ = 0;  // when a round first saw the current step
+  bool untimed_ = false;            // the next step seen began at no boundary (a relearn, a re-sync back)
   std::array<std::uint64_t, k_timed_steps> timed_{};
   std::size_t timed_count_ = 0;
-  std::size_t wanted_most_ = 0;     // the most regions a wanted set held while the current distance was timed
   outcome current_{};
   outcome last_{};
   struct memo {
-    std::uint64_t step_launches = 0;
+    std::uint64_t step_launches = 0;  // 0: empty
     std::size_t chosen = k_auto;
     std::uint64_t used = 0;
   };
   std::array<memo, k_remembered> memos_{};
+  std::size_t memo_in_force_ = k_remembered;  // the entry whose choice is in force (k_remembered: none)
   std::uint64_t memo_clock_ = 0;
   std::uint64_t tunings_ = 0;
-  std::uint64_t trial_steps_ = 0;
+  std::uint64_t timed_steps_ = 0;
+  std::uint64_t abandoned_ = 0;
 };
 
 }  // namespace layerswap

@@ -231,12 +231,18 @@ std::string stats_report() {
       out += line;
     }
     if (r.prefetch_tunings || r.prefetch_tune_steps) {  // LAYERSWAP_PREFETCH=tune
-      const std::string limit = r.prefetch_limit ? std::to_string(r.prefetch_limit) + " regions" : std::string("auto");
+      char limit[32];
+      if (r.prefetch_limit) {
+        std::snprintf(limit, sizeof limit, "%lld regions", static_cast<long long>(r.prefetch_limit));
+      } else {
+        std::snprintf(limit, sizeof limit, "auto");
+      }
       std::snprintf(line, sizeof line,
-                    "layerswap: device %d: LAYERSWAP_PREFETCH=tune: %lld tunings finished over %lld timed steps; the "
-                    "distance in force %s\n",
+                    "layerswap: device %d: LAYERSWAP_PREFETCH=tune: %lld tunings finished, %lld abandoned for another "
+                    "step length, %lld steps timed; the distance in force %s\n",
                     st.device, static_cast<long long>(r.prefetch_tunings),
-                    static_cast<long long>(r.prefetch_tune_steps), limit.c_str());
+                    static_cast<long long>(r.prefetch_tune_abandoned), static_cast<long long>(r.prefetch_tune_steps),
+                    limit);
       out += line;
     }
   }

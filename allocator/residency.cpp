@@ -323,15 +323,19 @@
 //   6-25 GB/s. One token of generation reads each weight once, about as fast from the host as a copy would, and moving
 //   every weight costs more in host mappings than the link does (session 58, 25% of a 1.1B Llama's weights: auto 56.5
 //   ms a token, 16 regions 37.8 ms, 4 regions 38.7 ms; in training 16 regions ran 1.107x auto's step). A round that
-//   sees the learned step begin at a later launch (position - step_position) counts the steps since the last one and
-//   times them by the round's clock. After three steps, auto is timed (three steps, their median, and the most regions
-//   its wanted set held), then halvings of that count, each after one step to settle; the trial stops at a distance 10%
-//   slower than the best so far, at the fifth, or below two regions. The fastest shorter distance is kept when it is at
-//   least 5% faster than auto, else auto; the choice is remembered per step length (eight of them; lengths within a
-//   64th count as one), so an order relearned at the same length keeps it (one token's pass, relearned after the next
-//   prompt's: whether the learner finds the same length there is for the GPU run to show). The rounds run at least
-//   every millisecond while launches come, so a step of a few milliseconds or less is timed coarsely; the margin is
-//   there for that and for the noise.
+//   sees the learned step begin at a later launch (position - step_position, read with the forecast) counts the steps
+//   since the last one and times each as their mean; once one of them ends a distance's trial, the rest ran under it
+//   and are dropped. A step that began at no boundary a round saw (after a relearn, or the learner re-syncing back
+//   across the wrap) and a step that took no time on the clock are not timed. Auto is timed first (after three steps to
+//   warm up: three steps, their median), then halvings of the most regions the last distance's wanted set held, each
+//   after one step to settle. The wanted set takes whole groups, the limit checked before each, so a distance below a
+//   group's size wants the group: the trial stops at a distance whose wanted set held no fewer regions than the last
+//   one's, at one 10% slower than the best so far, at the fifth, or below two regions. The fastest shorter distance is
+//   kept when it is at least 5% faster than auto, else auto. A relearn at the same length (within a 64th) keeps a
+//   choice and, mid-trial, times the distance under way again from a settled step, keeping the ones timed; another
+//   length abandons the trial (counted: prefetch_tune_abandoned) for its own, or its remembered choice (eight lengths,
+//   least recently used forgotten). Whether the learner finds one token's pass at the same length after each prompt,
+//   and how many steps the trials cost, are for the GPU run to show.
 #include "allocator/residency.hpp"
 
 #include <algorithm>
@@ -620,6 +624,7 @@ struct residency_engine::impl {
   std::vector<swap_region*> run_scratch;
   std::uint64_t policy_round = 0;
   prefetch_tuner tuner;  // LAYERSWAP_PREFETCH=tune (Note [Tuned prefetch]); guarded by `mutex`
+  std::uint64_t fc_ns = 0;  // when `fc` was read (LAYERSWAP_PREFETCH=tune's clock); guarded by tick_mutex
   std::thread thread;
   std::mutex wake_mutex;
   std::condition_variable wake_cv;
@@ -1767,6 +1772,7 @@ struct residency_engine::impl {
     if (f) {
       policy_forecast(*f, budget);
     } else {
+      if (options.prefetch_tune) st.prefetch_limit = 0;  // no distance without a forecast (Note [Tuned prefetch])
       policy_demand();
     }
   }
@@ -1838,39 +1844,52 @@ struct residency_engine::impl {
     return true;
   }
 
-  // Note [Tuned prefetch]: the distance the tuner has in force for this step, timed by this round's clock.
+  // Note [Tuned prefetch]: the distance the tuner has in force for this step, the step timed by when the round
+  // read the forecast (fc_ns).
   std::size_t tuned_limit(const forecast& f) {
     const std::uint64_t start = f.position >= f.step_position ? f.position - f.step_position : 0;
-    const std::uint64_t now = options.tune_clock ? options.tune_clock()
-                                                 : static_cast<std::uint64_t>(
-                                                       std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                           std::chrono::steady_clock::now().time_since_epoch())
-                                                           .count());
     bool finished = false;
-    const std::size_t n = tuner.observe(f.generation, f.step_launches, start, now, finished);
+    const std::size_t n = tuner.observe(f.generation, f.step_launches, start, fc_ns, finished);
     if (finished) log_tuning(tuner.last());
     st.prefetch_limit = static_cast<std::int64_t>(n);
     st.prefetch_tunings = static_cast<std::int64_t>(tuner.tunings());
-    st.prefetch_tune_steps = static_cast<std::int64_t>(tuner.trial_steps());
+    st.prefetch_tune_steps = static_cast<std::int64_t>(tuner.timed_steps());
+    st.prefetch_tune_abandoned = static_cast<std::int64_t>(tuner.abandoned());
     return n == prefetch_tuner::k_auto ? k_far : n;
   }
 
+  [[nodiscard]] std::uint64_t tune_now_ns() const {
+    if (options.tune_clock) return options.tune_clock();
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
+  }
+
+  // One info line per finished tuning: each distance tried, the most regions its wanted set held, its step.
   static void log_tuning(const prefetch_tuner::outcome& o) {
-    char trials[256] = "";
+    char trials[320] = "";
     std::size_t used = 0;
     for (std::size_t i = 0; i < o.count && used < sizeof trials; ++i) {
       const prefetch_tuner::trial& t = o.trials[i];
-      const int n = t.regions == prefetch_tuner::k_auto
-                        ? std::snprintf(trials + used, sizeof trials - used, "%sauto (%zu regions) %.1f ms",
-                                        i ? ", " : "", o.auto_regions, static_cast<double>(t.step_ns) / 1e6)
-                        : std::snprintf(trials + used, sizeof trials - used, "%s%zu %.1f ms", i ? ", " : "",
-                                        t.regions, static_cast<double>(t.step_ns) / 1e6);
+      char name[24];
+      if (t.regions == prefetch_tuner::k_auto) {
+        std::snprintf(name, sizeof name, "auto");
+      } else {
+        std::snprintf(name, sizeof name, "%zu", t.regions);
+      }
+      const int n = std::snprintf(trials + used, sizeof trials - used, "%s%s (%zu wanted) %.1f ms", i ? ", " : "",
+                                  name, t.wanted, static_cast<double>(t.step_ns) / 1e6);
       if (n < 0) break;
       used += static_cast<std::size_t>(n);
     }
-    const std::string chosen = o.chosen == prefetch_tuner::k_auto ? std::string("auto") : std::to_string(o.chosen);
+    char chosen[24];
+    if (o.chosen == prefetch_tuner::k_auto) {
+      std::snprintf(chosen, sizeof chosen, "auto");
+    } else {
+      std::snprintf(chosen, sizeof chosen, "%zu regions", o.chosen);
+    }
     LAYERSWAP_LOG(info, "residency: LAYERSWAP_PREFETCH=tune: %s for a step of %llu launches (a step's median: %s)",
-                  chosen.c_str(), static_cast<unsigned long long>(o.step_launches), trials);
+                  chosen, static_cast<unsigned long long>(o.step_launches), trials);
   }
 
   void policy_forecast(const forecast& f, std::size_t budget) {
@@ -2188,6 +2207,7 @@ void residency_engine::tick() {
     if (forecast_source* src = m.forecaster.load(); src && m.active()) {
       m.fc.upcoming.clear();
       src->current(m.fc, 4096);
+      if (m.options.prefetch_tune) m.fc_ns = m.tune_now_ns();  // Note [Tuned prefetch]
       if (m.fc.learned) f = &m.fc;
     }
   };

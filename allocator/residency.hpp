@@ -125,11 +125,13 @@ struct residency_stats {
   std::int64_t reserve_followed = 0;     // policy rounds whose reserve followed the step (Note [Following reserve])
   std::int64_t reserve_auto_changes = 0;  // LAYERSWAP_RESERVE=auto turning following on or off (Note [Automatic reserve])
   std::int64_t cache_misses = 0;       // allocations that destroyed a cached segment for want of their size
-  // LAYERSWAP_PREFETCH=tune (Note [Tuned prefetch] in residency.cpp): the distance in force (regions; 0: auto), the
-  // tunings finished and the steps they timed.
+  // LAYERSWAP_PREFETCH=tune (Note [Tuned prefetch] in residency.cpp): the distance in force (regions; 0: auto, or no
+  // learned step), the tunings finished, the steps tunings timed (finished or not), and the tunings abandoned for
+  // another step length.
   std::int64_t prefetch_limit = 0;
   std::int64_t prefetch_tunings = 0;
   std::int64_t prefetch_tune_steps = 0;
+  std::int64_t prefetch_tune_abandoned = 0;
   // Note [Late prefetches] in residency.cpp: prefetches a launch waited for, their bytes, how long after its
   // begin the first launch began waiting (summed), and that wait split: until the copy was seen complete, and
   // from then until the remap ended; the waits summed by the eighth of the learned step they happened in.

@@ -120,10 +120,18 @@ def worker(args):
         out["layerswap_per_token"] = traffic
         out["layerswap_peak_reserved_bytes"] = after["reserved_bytes"]["peak"]
         # LAYERSWAP_PREFETCH=tune: the distance in force at the end (0: auto), tunings finished, steps they timed
-        out["layerswap_prefetch"] = {k: after.get(k) for k in ("prefetch_limit", "prefetch_tunings",
-                                                               "prefetch_tune_steps")}
+        out["layerswap_prefetch"] = tuned_stats(after)
     with open(args.out_file, "w") as f:
         json.dump(out, f, indent=1)
+
+
+TUNE_KEYS = ("prefetch_limit", "prefetch_tunings", "prefetch_tune_steps", "prefetch_tune_abandoned")
+
+
+def tuned_stats(snapshot):
+    """LAYERSWAP_PREFETCH=tune's figures from a layerswap.stats(device) snapshot (under its "residency")."""
+    residency = snapshot.get("residency") or {}
+    return {k: residency.get(k) for k in TUNE_KEYS}
 
 
 def tuned_text(prefetch):
@@ -132,7 +140,8 @@ def tuned_text(prefetch):
         return ""
     limit = prefetch.get("prefetch_limit") or 0
     return (f"; tuned: {limit or 'auto'}{' regions' if limit else ''} (tunings finished "
-            f"{prefetch.get('prefetch_tunings')}, steps timed {prefetch.get('prefetch_tune_steps')})")
+            f"{prefetch.get('prefetch_tunings')}, abandoned {prefetch.get('prefetch_tune_abandoned')}, steps timed "
+            f"{prefetch.get('prefetch_tune_steps')})")
 
 
 def parse_variants(text):

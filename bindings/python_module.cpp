@@ -150,6 +150,7 @@ py::dict residency_dict(const residency_stats& r) {
   d["prefetch_limit"] = r.prefetch_limit;
   d["prefetch_tunings"] = r.prefetch_tunings;
   d["prefetch_tune_steps"] = r.prefetch_tune_steps;
+  d["prefetch_tune_abandoned"] = r.prefetch_tune_abandoned;
   d["late_prefetches"] = r.late_prefetches;
   d["late_bytes"] = r.late_bytes;
   d["late_lead_s"] = static_cast<double>(r.late_lead_us) * 1e-6;

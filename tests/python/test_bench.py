@@ -239,8 +239,16 @@ def test_infer_check_arguments():
     assert not infer_check.same_rounds(a, {"rounds": a["rounds"][:1]})
     assert infer_check.tuned_text(None) == ""
     assert infer_check.tuned_text({"prefetch_limit": 0, "prefetch_tunings": 0, "prefetch_tune_steps": 0}) == ""
-    assert infer_check.tuned_text({"prefetch_limit": 16, "prefetch_tunings": 1, "prefetch_tune_steps": 12}) == (
-        "; tuned: 16 regions (tunings finished 1, steps timed 12)")
+    assert infer_check.tuned_text({"prefetch_limit": 16, "prefetch_tunings": 1, "prefetch_tune_steps": 12,
+                                   "prefetch_tune_abandoned": 0}) == (
+        "; tuned: 16 regions (tunings finished 1, abandoned 0, steps timed 12)")
+    # layerswap.stats(device) keeps them under "residency" (bindings/python_module.cpp)
+    snapshot = {"reserved_bytes": {"peak": 1}, "residency": {"prefetch_limit": 8, "prefetch_tunings": 1,
+                                                             "prefetch_tune_steps": 9, "prefetch_tune_abandoned": 2}}
+    assert infer_check.tuned_stats(snapshot) == {"prefetch_limit": 8, "prefetch_tunings": 1,
+                                                 "prefetch_tune_steps": 9, "prefetch_tune_abandoned": 2}
+    assert "tuned: 8 regions" in infer_check.tuned_text(infer_check.tuned_stats(snapshot))
+    assert infer_check.tuned_stats({}) == dict.fromkeys(infer_check.TUNE_KEYS)
     assert "tuned: auto" in infer_check.tuned_text({"prefetch_limit": 0, "prefetch_tunings": 2,
                                                     "prefetch_tune_steps": 9})
     assert not infer_check.same_rounds(a, {"rounds": [a["rounds"][0], {"tokens": [1, 2], "logits_sha256": "y"}]})

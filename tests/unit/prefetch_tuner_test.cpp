@@ -22,16 +22,21 @@ struct player {
   std::uint64_t launches = 1000;   // the step's length
   std::size_t wanted = 40;         // the regions auto's wanted set holds
   int finished = 0;
-  std::size_t rounds_per_step = 1;  // policy rounds that see each step (1: one at its start)
+  std::uint64_t steps_per_round = 1;  // steps between two policy rounds (1: a round at each step's start)
+  std::size_t group = 1;              // the policy wants whole groups of this many regions
 
-  // The distance in force at the round that saw the step begin, and the step played at `cost` of it.
+  std::size_t wanted_under(std::size_t limit) const {
+    if (limit == k_auto) return wanted;
+    return std::min(wanted, (limit + group - 1) / group * group);  // whole groups: the limit is checked before one
+  }
+  // A round: the distance in force there, and steps_per_round steps played at `cost` of it.
   std::size_t step(const std::function<std::uint64_t(std::size_t)>& cost) {
     bool done = false;
     const std::size_t limit = tuner.observe(generation, launches, start, now, done);
     finished += done;
-    tuner.note_wanted(limit == k_auto ? wanted : std::min(limit, wanted));
-    now += cost(limit);
-    start += launches;
+    tuner.note_wanted(wanted_under(limit));
+    now += steps_per_round * cost(limit);
+    start += steps_per_round * launches;
     return limit;
   }
   void steps(int n, const std::function<std::uint64_t(std::size_t)>& cost) {
@@ -66,16 +71,17 @@ TEST(PrefetchTuner, GenerationLikeStepsKeepTheFastestShorterDistance) {
   const prefetch_tuner::outcome& o = p.tuner.last();
   EXPECT_EQ(o.chosen, 10u);
   EXPECT_EQ(o.step_launches, 1000u);
-  EXPECT_EQ(o.auto_regions, 40u);
   ASSERT_EQ(o.count, 5u) << "auto, then halvings of auto's 40 regions: 20, 10, 5, 2";
   const std::size_t tried[] = {k_auto, 20, 10, 5, 2};
   const std::uint64_t timed[] = {56 * ms, 45 * ms, 38 * ms, 39 * ms, 60 * ms};
+  const std::size_t wanted[] = {40, 20, 10, 5, 2};
   for (std::size_t i = 0; i < 5; ++i) {
     EXPECT_EQ(o.trials[i].regions, tried[i]) << i;
     EXPECT_EQ(o.trials[i].step_ns, timed[i]) << i;
+    EXPECT_EQ(o.trials[i].wanted, wanted[i]) << i;
   }
   EXPECT_EQ(p.tuner.tunings(), 1u);
-  EXPECT_EQ(p.tuner.trial_steps(), 5 * prefetch_tuner::k_timed_steps);
+  EXPECT_EQ(p.tuner.timed_steps(), 5 * prefetch_tuner::k_timed_steps);
   EXPECT_EQ(p.step(generation_cost), 10u) << "the choice stands";
 }
 
@@ -88,7 +94,7 @@ TEST(PrefetchTuner, TrainingLikeStepsKeepAutoAndStopAtTheFirstSlowerDistance) {
   EXPECT_EQ(o.chosen, k_auto);
   ASSERT_EQ(o.count, 2u) << "20 regions ran 1.108x auto's step: the trial stops there";
   EXPECT_EQ(o.trials[1].regions, 20u);
-  EXPECT_EQ(p.tuner.trial_steps(), 2 * prefetch_tuner::k_timed_steps);
+  EXPECT_EQ(p.tuner.timed_steps(), 2 * prefetch_tuner::k_timed_steps);
 }
 
 TEST(PrefetchTuner, AGainSmallerThanTheMarginKeepsAuto) {
@@ -121,12 +127,12 @@ TEST(PrefetchTuner, EachStepLengthKeepsItsChoice) {
   p.steps(60, training_cost);
   EXPECT_EQ(p.finished, 2);
   EXPECT_EQ(p.tuner.limit(), k_auto);
-  const std::uint64_t timed = p.tuner.trial_steps();
+  const std::uint64_t timed = p.tuner.timed_steps();
   p.launches = 1000;  // back: its choice at once, no trial
   EXPECT_EQ(p.step(generation_cost), 10u);
   p.steps(20, generation_cost);
   EXPECT_FALSE(p.tuner.tuning());
-  EXPECT_EQ(p.tuner.trial_steps(), timed);
+  EXPECT_EQ(p.tuner.timed_steps(), timed);
   EXPECT_EQ(p.tuner.tunings(), 2u);
 }
 
@@ -150,42 +156,87 @@ TEST(PrefetchTuner, ALengthALaunchOrTwoApartIsTheSameStep) {
   EXPECT_TRUE(p.tuner.tuning());
 }
 
-TEST(PrefetchTuner, ARelearnedOrderRestartsATuningButKeepsAChoice) {
+TEST(PrefetchTuner, ARelearnedOrderRetimesTheDistanceUnderWayAndKeepsTheRest) {
   player p;
-  p.steps(prefetch_tuner::k_warm_steps + 2, generation_cost);  // auto being timed
-  ASSERT_TRUE(p.tuner.tuning());
-  ++p.generation;
-  p.steps(prefetch_tuner::k_warm_steps, generation_cost);
-  EXPECT_TRUE(p.tuner.tuning());
-  EXPECT_EQ(p.tuner.limit(), k_auto);
-  p.steps(60, generation_cost);
+  // Relearned every 8 steps (a prompt before each few tokens): the tuning still ends, with generation's choice.
+  for (int k = 0; k < 12 && p.finished == 0; ++k) {
+    p.steps(8, generation_cost);
+    ++p.generation;
+  }
   ASSERT_EQ(p.finished, 1);
-  EXPECT_EQ(p.tuner.last().count, 5u) << "the tuning began again, from auto";
-  ++p.generation;
+  EXPECT_EQ(p.tuner.limit(), 10u);
+  EXPECT_EQ(p.tuner.last().count, 5u);
+  EXPECT_EQ(p.tuner.last().trials[2].step_ns, 38 * ms) << "no step that spanned a relearn was timed";
+  EXPECT_EQ(p.tuner.abandoned(), 0u);
+  ++p.generation;  // a choice stands
   EXPECT_EQ(p.step(generation_cost), 10u);
   p.steps(10, generation_cost);
   EXPECT_FALSE(p.tuner.tuning());
   EXPECT_EQ(p.tuner.tunings(), 1u);
 }
 
-TEST(PrefetchTuner, StepsBetweenTwoRoundsAreTimedAsTheirMean) {
-  prefetch_tuner t;
-  bool done = false;
-  std::uint64_t now = ms;
-  std::uint64_t start = 0;
-  int finished = 0;
-  // A round every second step; each step costs 30 ms with a distance, 60 ms with auto.
-  for (int i = 0; i < 60; ++i) {
-    const std::size_t limit = t.observe(1, 500, start, now, done);
-    finished += done;
-    t.note_wanted(limit == k_auto ? 16 : limit);
-    now += 2 * (limit == k_auto ? 60 : 30) * ms;
-    start += 2 * 500;
+// Steps shorter than the rounds' period: several between two rounds. Each is timed as their mean, and once one of
+// them ends a distance's trial the rest (run under it) count for nothing: the outcome is a round a step's.
+TEST(PrefetchTuner, SeveralStepsBetweenTwoRoundsTimeTheDistanceTheyRanUnder) {
+  for (std::uint64_t k = 2; k <= 7; ++k) {
+    player p;
+    p.steps_per_round = k;
+    p.steps(80, generation_cost);
+    ASSERT_EQ(p.finished, 1) << k << " steps a round";
+    const prefetch_tuner::outcome& o = p.tuner.last();
+    EXPECT_EQ(o.chosen, 10u) << k;
+    ASSERT_EQ(o.count, 5u) << k;
+    const std::uint64_t timed[] = {56 * ms, 45 * ms, 38 * ms, 39 * ms, 60 * ms};
+    const std::size_t wanted[] = {40, 20, 10, 5, 2};
+    for (std::size_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(o.trials[i].step_ns, timed[i]) << k << " steps a round, trial " << i;
+      EXPECT_EQ(o.trials[i].wanted, wanted[i]) << k << " steps a round, trial " << i;
+    }
   }
-  ASSERT_EQ(finished, 1);
-  EXPECT_EQ(t.last().trials[0].step_ns, 60 * ms);
-  EXPECT_EQ(t.last().trials[1].step_ns, 30 * ms);
-  EXPECT_EQ(t.limit(), 8u) << "auto's 16 regions halved; the later halvings were no faster";
+}
+
+TEST(PrefetchTuner, ADistanceThatWantsNoFewerRegionsEndsTheTrial) {
+  player p;
+  p.group = 9;  // four layers of nine regions
+  p.wanted = 36;
+  p.steps(60, [](std::size_t limit) -> std::uint64_t {
+    if (limit == k_auto) return 50 * ms;
+    return (limit >= 18 ? 40 : 35) * ms;
+  });
+  ASSERT_EQ(p.finished, 1);
+  const prefetch_tuner::outcome& o = p.tuner.last();
+  ASSERT_EQ(o.count, 4u) << "auto (36 wanted), 18, 9, then 4 wants a group of 9 again: no shorter";
+  EXPECT_EQ(o.trials[3].regions, 4u);
+  EXPECT_EQ(o.trials[3].wanted, 9u);
+  EXPECT_EQ(o.chosen, 9u);
+}
+
+TEST(PrefetchTuner, AResyncBackAcrossTheWrapTimesNoPhantomStep) {
+  player p;
+  p.steps(prefetch_tuner::k_warm_steps + 1, generation_cost);  // auto timed from here
+  ASSERT_TRUE(p.tuner.tuning());
+  bool done = false;
+  p.tuner.observe(p.generation, p.launches, p.start, p.now, done);  // a round sees the next step begin
+  p.now += 5 * ms;
+  p.tuner.observe(p.generation, p.launches, p.start - p.launches + 3, p.now, done);  // the learner re-synced back
+  p.now += 51 * ms;
+  p.start += p.launches;
+  p.steps(60, generation_cost);
+  ASSERT_EQ(p.finished, 1);
+  EXPECT_EQ(p.tuner.last().trials[0].step_ns, 56 * ms) << "the step counted twice was not timed";
+  EXPECT_EQ(p.tuner.limit(), 10u);
+}
+
+TEST(PrefetchTuner, StepsThatTookNoTimeAreNotTimed) {
+  player p;
+  int twenty = 0;
+  p.steps(80, [&](std::size_t limit) -> std::uint64_t {
+    if (limit == 20 && ++twenty % 2 == 0) return 0;  // a clock that did not move
+    return generation_cost(limit);
+  });
+  ASSERT_EQ(p.finished, 1);
+  EXPECT_EQ(p.tuner.last().trials[1].step_ns, 45 * ms);
+  EXPECT_EQ(p.tuner.limit(), 10u);
 }
 
 TEST(PrefetchTuner, AStartThatMovesLessThanHalfAStepIsNoStep) {
@@ -193,7 +244,7 @@ TEST(PrefetchTuner, AStartThatMovesLessThanHalfAStepIsNoStep) {
   bool done = false;
   t.observe(1, 1000, 0, ms, done);
   for (int k = 1; k <= 100; ++k) t.observe(1, 1000, 3 * k, ms + k * ms, done);  // the learner re-synced, a little
-  EXPECT_EQ(t.trial_steps(), 0u);
+  EXPECT_EQ(t.timed_steps(), 0u);
   EXPECT_EQ(t.limit(), k_auto);
 }
 
@@ -211,22 +262,37 @@ TEST(PrefetchTuner, NoStepLengthNoTuning) {
   bool done = false;
   for (int k = 0; k < 50; ++k) EXPECT_EQ(t.observe(1, 0, 0, k * ms, done), k_auto);
   EXPECT_FALSE(t.tuning());
-  EXPECT_EQ(t.trial_steps(), 0u);
+  EXPECT_EQ(t.timed_steps(), 0u);
 }
 
 TEST(PrefetchTuner, TheLeastRecentlyUsedStepLengthIsForgotten) {
   player p;
-  for (std::uint64_t k = 0; k <= prefetch_tuner::k_remembered; ++k) {  // one more length than it keeps
+  for (std::uint64_t k = 0; k < prefetch_tuner::k_remembered; ++k) {  // as many lengths as it keeps
     p.launches = 1000 + 100 * k;
     p.steps(60, generation_cost);
   }
+  p.launches = 1000;  // the oldest used again: now the second oldest, 1100, is the least recently used
+  p.steps(5, generation_cost);
+  EXPECT_FALSE(p.tuner.tuning());
+  p.launches = 1000 + 100 * prefetch_tuner::k_remembered;  // one more length
+  p.steps(60, generation_cost);
   ASSERT_EQ(p.tuner.tunings(), prefetch_tuner::k_remembered + 1);
-  p.launches = 1000 + 100 * prefetch_tuner::k_remembered;  // the newest: remembered
+  p.launches = 1000;  // remembered
   p.step(generation_cost);
   EXPECT_FALSE(p.tuner.tuning());
-  p.launches = 1000;  // the oldest: forgotten, tuned again
+  p.launches = 1100;  // forgotten, tuned again
   p.step(generation_cost);
   EXPECT_TRUE(p.tuner.tuning());
+}
+
+TEST(PrefetchTuner, ATuningLeftForAnotherStepLengthIsCountedAbandoned) {
+  player p;
+  p.steps(6, generation_cost);
+  ASSERT_TRUE(p.tuner.tuning());
+  p.launches = 700;
+  p.step(training_cost);
+  EXPECT_EQ(p.tuner.abandoned(), 1u);
+  EXPECT_TRUE(p.tuner.tuning()) << "the new length's own tuning";
 }
 
 }  // namespace

@@ -1292,25 +1292,34 @@ TEST(Residency, ATunedPrefetchKeepsTheFastestDistanceAndPrefetchesNoFurther) {
   h.alloc.residency_tick();
   f.set(order);  // all eight fit the budget: auto wants eight, the tuner then tries 4 and 2
   // A step at 4 regions takes 30 ms, at 2 40 ms, with auto 50 ms; a policy round at each step's start.
+  // Everything on the host, then rounds within one step (no step passes): the forecast's first `n` come in.
+  const auto expect_brought_in = [&](std::size_t n, const char* when) {
+    for (void* q : p) {
+      if (h.alloc.residency_of(q) == region_residency::device) ASSERT_TRUE(h.alloc.request_evict(q));
+    }
+    for (int i = 0; i < 8; ++i) h.alloc.residency_tick();
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      EXPECT_EQ(h.alloc.residency_of(p[i]), i < n ? region_residency::device : region_residency::host) << when << i;
+      EXPECT_TRUE(h.holds(p[i], 2 * MiB, static_cast<std::uint8_t>(20 + i))) << when << i;
+    }
+  };
   std::vector<std::int64_t> limits;
   for (std::uint64_t step = 0; step < 40; ++step) {
     f.set_launch(1000 * (step + 1), 0);
     h.alloc.residency_tick();
     const std::int64_t limit = h.alloc.residency().prefetch_limit;
-    if (limits.empty() || limits.back() != limit) limits.push_back(limit);
+    if (limits.empty() || limits.back() != limit) {
+      limits.push_back(limit);
+      if (limit == 2) expect_brought_in(2, "while 2 is timed: region ");
+    }
     g_tune_ns += static_cast<std::uint64_t>(limit == 0 ? 50 : limit == 4 ? 30 : 40) * 1'000'000;
   }
   EXPECT_EQ(limits, (std::vector<std::int64_t>{0, 4, 2, 4})) << "auto, 4, 2, then 4 kept";
   const residency_stats st = h.alloc.residency();
   EXPECT_EQ(st.prefetch_tunings, 1);
   EXPECT_EQ(st.prefetch_tune_steps, 9);
-  // Everything back on the host: the policy brings in the forecast's first four only.
-  for (void* q : p) ASSERT_TRUE(h.alloc.request_evict(q));
-  for (int i = 0; i < 8; ++i) h.alloc.residency_tick();
-  for (int i = 0; i < 8; ++i) {
-    EXPECT_EQ(h.alloc.residency_of(p[i]), i < 4 ? region_residency::device : region_residency::host) << i;
-    EXPECT_TRUE(h.holds(p[i], 2 * MiB, static_cast<std::uint8_t>(20 + i))) << i;
-  }
+  EXPECT_EQ(st.prefetch_tune_abandoned, 0);
+  expect_brought_in(4, "the choice made: region ");
   h.expect_clean();
   for (void* q : p) h.alloc.deallocate(q);
 }

@@ -17,71 +17,75 @@ bool same_length(std::uint64_t a, std::uint64_t b) noexcept {
 
 }  // namespace
 
+void prefetch_tuner::restart_timing(std::uint64_t step_start, std::uint64_t now_ns) noexcept {
+  step_start_ = step_start;
+  step_seen_ns_ = now_ns;
+  untimed_ = true;
+}
+
 std::size_t prefetch_tuner::observe(std::uint64_t generation, std::uint64_t step_launches, std::uint64_t step_start,
                                     std::uint64_t now_ns, bool& finished) noexcept {
   finished = false;
   if (step_launches == 0) return limit_;
-  const auto restart_timing = [&] {  // the step under way began at no boundary the rounds saw
-    step_start_ = step_start;
-    step_seen_ns_ = now_ns;
-    untimed_ = true;
-  };
-  if (phase_ == phase::none || !same_length(step_launches, step_launches_)) {
+  if (phase_ == phase::none || !same_length(step_launches, key_launches_)) {
     // Another step length: the closest remembered within reach, else a tuning from the start.
     if (tuning()) ++abandoned_;
-    memo_in_force_ = k_remembered;
-    for (std::size_t i = 0; i < memos_.size(); ++i) {
-      const memo& m = memos_[i];
+    memo* found = nullptr;
+    for (memo& m : memos_) {
       if (m.step_launches == 0 || !same_length(m.step_launches, step_launches)) continue;
-      if (memo_in_force_ == k_remembered ||
-          length_gap(m.step_launches, step_launches) < length_gap(memos_[memo_in_force_].step_launches, step_launches)) {
-        memo_in_force_ = i;
+      if (!found || length_gap(m.step_launches, step_launches) < length_gap(found->step_launches, step_launches)) {
+        found = &m;
       }
     }
-    if (memo_in_force_ != k_remembered) {
-      memos_[memo_in_force_].used = ++memo_clock_;
-      limit_ = memos_[memo_in_force_].chosen;
+    if (found) {
+      found->used = ++memo_clock_;
+      key_launches_ = found->step_launches;
+      limit_ = found->chosen;
       set_phase(phase::done, 0);
     } else {
+      key_launches_ = step_launches;
       begin(step_launches);
     }
     step_launches_ = step_launches;
     generation_ = generation;
-    restart_timing();
+    restart_timing(step_start, now_ns);
     return limit_;
   }
-  if (generation != generation_ || step_launches != step_launches_) {
-    // Relearned at the same length, or within a 64th of it: a choice stands (its entry follows the length); a
-    // trial goes on, the distance being timed timed again from a settled step, the ones timed kept.
-    generation_ = generation;
-    step_launches_ = step_launches;
-    if (phase_ == phase::done && memo_in_force_ != k_remembered) memos_[memo_in_force_].step_launches = step_launches;
-    if (phase_ == phase::timed) set_phase(phase::settle, k_settle_steps);
-    restart_timing();
-    return limit_;
-  }
-  if (step_start == step_start_) return limit_;
+  // Relearned at the same length (or within a 64th of the one tuned): a choice stands and a trial goes on with what
+  // it timed, but the learner's step may now begin elsewhere, so no step seen by this round, nor the one under way,
+  // is timed; they still count as steps that passed (a distance settles in them).
+  const bool relearned = generation != generation_ || step_launches != step_launches_;
+  generation_ = generation;
+  step_launches_ = step_launches;
   if (step_start < step_start_) {
-    // The learner re-synced backwards: a few launches, or across the step's wrap (a boundary counted twice).
-    if (2 * (step_start_ - step_start) >= step_launches) {
-      restart_timing();
+    // The learner re-synced back: a few launches, or across the step's wrap (a boundary counted twice).
+    if (relearned || 2 * (step_start_ - step_start) >= step_launches) {
+      restart_timing(step_start, now_ns);
     } else {
       step_start_ = step_start;
     }
     return limit_;
   }
-  if (2 * (step_start - step_start_) < step_launches) {
-    step_start_ = step_start;  // re-synced forwards a few launches: no step passed, timing goes on from the boundary
+  const std::uint64_t moved = step_start - step_start_;
+  if (2 * moved < step_launches) {  // no step passed: re-synced forwards a few launches, or nothing
+    if (relearned) {
+      restart_timing(step_start, now_ns);
+    } else {
+      step_start_ = step_start;  // timing goes on from the boundary
+    }
     return limit_;
   }
-  // One step began, or several since the last round: each is timed as their mean. Once a step changes the distance,
-  // the rest of them ran under the last one and count for nothing.
-  const std::uint64_t steps = (step_start - step_start_ + step_launches / 2) / step_launches;
+  // One step began, or several since the last round: each is timed as their mean, when the start moved by whole
+  // steps (within a 16th: else the learner re-synced too) and no relearn came between. Once a step changes the
+  // distance, the rest of them ran under the last one and count for nothing; a batch that holds a step settling
+  // a distance is not timed (its mean would hold that step).
+  const std::uint64_t steps = (moved + step_launches / 2) / step_launches;
   const std::uint64_t step_ns = now_ns > step_seen_ns_ ? (now_ns - step_seen_ns_) / steps : 0;
-  const bool valid = !untimed_ && step_ns != 0;
+  const bool whole = length_gap(moved, steps * step_launches) <= step_launches / 16;
+  const bool valid = !untimed_ && !relearned && whole && step_ns != 0 && (steps == 1 || phase_ == phase::timed);
   step_start_ = step_start;
   step_seen_ns_ = now_ns;
-  untimed_ = false;
+  untimed_ = relearned;
   const std::size_t before = limit_;
   for (std::uint64_t k = 0; k < steps && tuning() && limit_ == before; ++k) on_step(step_ns, valid, finished);
   return limit_;
@@ -102,14 +106,21 @@ void prefetch_tuner::begin(std::uint64_t step_launches) noexcept {
 }
 
 void prefetch_tuner::on_step(std::uint64_t step_ns, bool valid, bool& finished) noexcept {
-  if (phase_ == phase::settle) {  // a step that was not timed counts here too: it settled nonetheless
+  if (phase_ == phase::settle) {  // a step that could not be timed settles a distance all the same
     if (--steps_left_ == 0) {
       set_phase(phase::timed, k_timed_steps);
       timed_count_ = 0;
+      untimed_run_ = 0;
     }
     return;
   }
-  if (phase_ != phase::timed || !valid) return;
+  if (phase_ != phase::timed) return;
+  if (!valid) {
+    // Relearned every step or two, or re-syncing: the trial ends with what it timed (Note [Tuned prefetch]).
+    if (++untimed_run_ > k_untimed_most) finish(finished);
+    return;
+  }
+  untimed_run_ = 0;
   ++timed_steps_;
   timed_[timed_count_++] = step_ns;
   if (timed_count_ < k_timed_steps) return;
@@ -119,31 +130,41 @@ void prefetch_tuner::on_step(std::uint64_t step_ns, bool valid, bool& finished) 
 }
 
 void prefetch_tuner::next_candidate(bool& finished) noexcept {
-  const trial& last = current_.trials[current_.count - 1];
+  trial& last = current_.trials[current_.count - 1];
+  // A distance whose wanted set held no fewer regions than the last one's wanted the same (whole groups): its time
+  // is the same set's, and no shorter distance wants fewer.
+  if (current_.count >= 2 && last.wanted >= current_.trials[current_.count - 2].wanted) {
+    last.same_set = true;
+    finish(finished);
+    return;
+  }
   std::uint64_t best = last.step_ns;
   for (std::size_t i = 0; i < current_.count; ++i) best = std::min(best, current_.trials[i].step_ns);
   const bool worse =
       current_.count >= 2 && static_cast<double>(last.step_ns) > static_cast<double>(best) * (1 + k_worse);
-  // A distance whose wanted set held no fewer regions than the last one's wanted the same (whole groups).
-  const bool no_shrink = current_.count >= 2 && last.wanted >= current_.trials[current_.count - 2].wanted;
   const std::size_t next =
       std::min(last.regions == k_auto ? std::numeric_limits<std::size_t>::max() : last.regions, last.wanted) / 2;
-  if (worse || no_shrink || current_.count == k_max_candidates || next < k_min_regions) {
+  if (worse || current_.count == k_max_candidates || next < k_min_regions) {
     finish(finished);
     return;
   }
-  current_.trials[current_.count++] = trial{next, 0, 0};
+  current_.trials[current_.count++] = trial{next, 0, 0, false};
   limit_ = next;
   set_phase(phase::settle, k_settle_steps);
 }
 
 void prefetch_tuner::finish(bool& finished) noexcept {
-  const double auto_ns = static_cast<double>(current_.trials[0].step_ns);
+  // Auto unless a shorter distance, timed and wanting a set of its own, was at least k_gain faster than auto.
   std::size_t chosen = k_auto;
-  double chosen_ns = auto_ns;
-  for (std::size_t i = 1; i < current_.count; ++i) {
-    const double ns = static_cast<double>(current_.trials[i].step_ns);
-    if (ns <= auto_ns * (1 - k_gain) && ns < chosen_ns) chosen = current_.trials[i].regions, chosen_ns = ns;
+  if (current_.trials[0].step_ns != 0) {
+    const double auto_ns = static_cast<double>(current_.trials[0].step_ns);
+    double chosen_ns = auto_ns;
+    for (std::size_t i = 1; i < current_.count; ++i) {
+      const trial& t = current_.trials[i];
+      const double ns = static_cast<double>(t.step_ns);
+      if (t.step_ns == 0 || t.same_set) continue;
+      if (ns <= auto_ns * (1 - k_gain) && ns < chosen_ns) chosen = t.regions, chosen_ns = ns;
+    }
   }
   current_.chosen = chosen;
   limit_ = chosen;
@@ -153,8 +174,7 @@ void prefetch_tuner::finish(bool& finished) noexcept {
   if (slot == memos_.end()) {
     slot = std::min_element(memos_.begin(), memos_.end(), [](const memo& a, const memo& b) { return a.used < b.used; });
   }
-  *slot = memo{step_launches_, chosen, ++memo_clock_};
-  memo_in_force_ = static_cast<std::size_t>(slot - memos_.begin());
+  *slot = memo{key_launches_, chosen, ++memo_clock_};
   ++tunings_;
   set_phase(phase::done, 0);
   finished = true;

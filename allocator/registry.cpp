@@ -230,7 +230,7 @@ std::string stats_report() {
                     static_cast<long long>(r.reserve_auto_changes));
       out += line;
     }
-    if (r.prefetch_tunings || r.prefetch_tune_steps) {  // LAYERSWAP_PREFETCH=tune
+    if (r.prefetch_tunings || r.prefetch_tune_steps || r.prefetch_tune_abandoned) {  // LAYERSWAP_PREFETCH=tune
       char limit[32];
       if (r.prefetch_limit) {
         std::snprintf(limit, sizeof limit, "%lld regions", static_cast<long long>(r.prefetch_limit));

@@ -324,18 +324,21 @@
 //   every weight costs more in host mappings than the link does (session 58, 25% of a 1.1B Llama's weights: auto 56.5
 //   ms a token, 16 regions 37.8 ms, 4 regions 38.7 ms; in training 16 regions ran 1.107x auto's step). A round that
 //   sees the learned step begin at a later launch (position - step_position, read with the forecast) counts the steps
-//   since the last one and times each as their mean; once one of them ends a distance's trial, the rest ran under it
-//   and are dropped. A step that began at no boundary a round saw (after a relearn, or the learner re-syncing back
-//   across the wrap) and a step that took no time on the clock are not timed. Auto is timed first (after three steps to
-//   warm up: three steps, their median), then halvings of the most regions the last distance's wanted set held, each
-//   after one step to settle. The wanted set takes whole groups, the limit checked before each, so a distance below a
-//   group's size wants the group: the trial stops at a distance whose wanted set held no fewer regions than the last
-//   one's, at one 10% slower than the best so far, at the fifth, or below two regions. The fastest shorter distance is
-//   kept when it is at least 5% faster than auto, else auto. A relearn at the same length (within a 64th) keeps a
-//   choice and, mid-trial, times the distance under way again from a settled step, keeping the ones timed; another
-//   length abandons the trial (counted: prefetch_tune_abandoned) for its own, or its remembered choice (eight lengths,
-//   least recently used forgotten). Whether the learner finds one token's pass at the same length after each prompt,
-//   and how many steps the trials cost, are for the GPU run to show.
+//   since the last one and times each as their mean, when the start moved by whole steps (within a 16th). Not timed:
+//   the steps after one that changed the distance (they ran under it), a batch of several steps that holds a step
+//   settling a distance, a step that began at no boundary a round saw (after a relearn, or the learner re-syncing by
+//   part of a step), a step of no time on the clock. Auto is timed first (three steps, their median, after three to
+//   warm up), then halvings of min(last distance, the most regions its wanted set held), each after one step to settle.
+//   The wanted set takes whole groups, the limit checked before each, so a distance below a group's size wants the
+//   group: the trial stops at a distance whose wanted set held no fewer regions than the last one's (not a choice: it
+//   timed the same set), at one 10% slower than the best so far, at the fifth, or below two regions. The fastest
+//   shorter distance is kept when it is at least 5% faster than auto, else auto. A relearn at a length within a 64th of
+//   the one tuned keeps a choice, and a trial goes on with what it timed; after twelve steps in a row that could not be
+//   timed (relearned every step or two) the trial ends with what it has (auto if auto was not timed). Another length
+//   abandons a trial (prefetch_tune_abandoned) for its own, or for its remembered choice (eight lengths, the least
+//   recently used forgotten), so two lengths that alternate every few steps are never tuned and stay at auto. Whether
+//   the learner finds one token's pass at the same length after each prompt, and what the trials cost, are for the GPU
+//   run to show.
 #include "allocator/residency.hpp"
 
 #include <algorithm>
@@ -1767,7 +1770,10 @@ struct residency_engine::impl {
 
   void policy(const forecast* f) {
     const std::size_t budget = source.budget();
-    if (budget == 0) return;
+    if (budget == 0) {
+      if (options.prefetch_tune) st.prefetch_limit = 0;  // no policy, no distance (Note [Tuned prefetch])
+      return;
+    }
     apply_forecast(f);
     if (f) {
       policy_forecast(*f, budget);

@@ -119,7 +119,8 @@ def worker(args):
         traffic.pop("sources", None)
         out["layerswap_per_token"] = traffic
         out["layerswap_peak_reserved_bytes"] = after["reserved_bytes"]["peak"]
-        # LAYERSWAP_PREFETCH=tune: the distance in force at the end (0: auto), tunings finished, steps they timed
+        # LAYERSWAP_PREFETCH=tune: the distance in force at the end (0: auto), tunings finished, steps timed,
+        # tunings abandoned for another step length
         out["layerswap_prefetch"] = tuned_stats(after)
     with open(args.out_file, "w") as f:
         json.dump(out, f, indent=1)

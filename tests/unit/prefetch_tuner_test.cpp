@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <utility>
 
 namespace layerswap {
 namespace {
@@ -173,6 +175,95 @@ TEST(PrefetchTuner, ARelearnedOrderRetimesTheDistanceUnderWayAndKeepsTheRest) {
   p.steps(10, generation_cost);
   EXPECT_FALSE(p.tuner.tuning());
   EXPECT_EQ(p.tuner.tunings(), 1u);
+}
+
+// Relearned every k steps, the relearn seen at a step's start or in the middle of one: every trial ends (with what
+// it timed when the relearns leave nothing to time), and what is kept is auto or a distance faster than auto.
+TEST(PrefetchTuner, FrequentRelearnsEndTheTrialWithAFasterDistanceOrAuto) {
+  for (const bool mid : {false, true}) {
+    for (int k = 1; k <= 10; ++k) {
+      for (const auto& [cost, name] : {std::pair{&generation_cost, "generation"}, {&training_cost, "training"}}) {
+        player p;
+        int steps = 0;
+        for (; steps < 400 && p.finished == 0; ++steps) {
+          if (steps % k == k - 1) {
+            if (mid) {  // a round in the middle of the step under way sees the relearned order
+              bool done = false;
+              p.tuner.observe(p.generation + 1, p.launches, p.start - p.launches, p.now - 10 * ms, done);
+              p.finished += done;
+            }
+            ++p.generation;
+          }
+          p.step(cost);
+        }
+        const std::string what = std::string(name) + ", relearned every " + std::to_string(k) + " steps" +
+                                 (mid ? " mid-step" : " at a start");
+        ASSERT_EQ(p.finished, 1) << what;
+        EXPECT_LE(steps, 200) << what;
+        const std::size_t kept = p.tuner.limit();
+        if (kept != k_auto) EXPECT_LE((*cost)(kept), (*cost)(k_auto) * 95 / 100) << what << ": kept " << kept;
+        if (cost == &training_cost) EXPECT_EQ(kept, k_auto) << what;
+      }
+    }
+  }
+}
+
+TEST(PrefetchTuner, RelearnsThatBeginAfterAutoWasTimedLeaveNoSlowerDistance) {
+  for (int k = 1; k <= 4; ++k) {
+    player p;
+    p.steps(7, training_cost);  // auto timed, the 20-region distance settling
+    for (int i = 0; i < 300 && p.finished == 0; ++i) {
+      if (i % k == 0) ++p.generation;
+      p.step(training_cost);
+    }
+    ASSERT_EQ(p.finished, 1) << k;
+    EXPECT_EQ(p.tuner.limit(), k_auto) << "relearned every " << k << " steps";
+  }
+}
+
+TEST(PrefetchTuner, AForwardResyncOfPartOfAStepIsNotTimed) {
+  player p;
+  p.steps(prefetch_tuner::k_warm_steps + 1, generation_cost);  // auto timed from here
+  bool done = false;
+  p.tuner.observe(p.generation, p.launches, p.start, p.now, done);  // a round sees the next step begin
+  p.now += 30 * ms;
+  p.start += p.launches / 2 + 40;  // the learner re-synced forwards half a step and more
+  p.tuner.observe(p.generation, p.launches, p.start, p.now, done);
+  p.now += 26 * ms;
+  p.start += p.launches;
+  p.steps(60, generation_cost);
+  ASSERT_EQ(p.finished, 1);
+  EXPECT_EQ(p.tuner.last().trials[0].step_ns, 56 * ms) << "the part-step was not timed";
+}
+
+TEST(PrefetchTuner, ALengthThatDriftsPastA64thOfTheOneTunedIsTunedAgain) {
+  player p;
+  p.steps(60, generation_cost);
+  ASSERT_EQ(p.tuner.limit(), 10u);
+  bool retuned = false;
+  for (int i = 0; i < 40 && !retuned; ++i) {  // relearned a launch longer each time
+    ++p.launches;
+    ++p.generation;
+    p.steps(2, generation_cost);
+    retuned = p.tuner.tuning();
+    if (!retuned) EXPECT_LE(p.launches, 1000u + 1000u / 64) << "a length beyond a 64th kept the choice";
+  }
+  EXPECT_TRUE(retuned);
+  EXPECT_GT(p.launches, 1000u + 1000u / 64);
+}
+
+TEST(PrefetchTuner, ADistanceThatWantsTheSameSetIsNotChosenOnItsTime) {
+  player p;
+  p.group = 9;
+  p.wanted = 36;
+  p.steps(60, [](std::size_t limit) -> std::uint64_t {
+    if (limit == k_auto) return 50 * ms;
+    if (limit >= 18) return 40 * ms;
+    return (limit >= 9 ? 35 : 34) * ms;  // 4 regions want the same 9 as 9 did: its 34 ms is noise
+  });
+  ASSERT_EQ(p.finished, 1);
+  EXPECT_TRUE(p.tuner.last().trials[3].same_set);
+  EXPECT_EQ(p.tuner.limit(), 9u);
 }
 
 // Steps shorter than the rounds' period: several between two rounds. Each is timed as their mean, and once one of

@@ -1871,7 +1871,8 @@ struct residency_engine::impl {
             .count());
   }
 
-  // One info line per finished tuning: each distance tried, the most regions its wanted set held, its step.
+  // One info line per finished tuning: each distance tried, the most regions its wanted set held, its step (or "not
+  // timed": the trial ended on untimed steps; "the set before": it wanted no fewer regions than the distance before).
   static void log_tuning(const prefetch_tuner::outcome& o) {
     char trials[320] = "";
     std::size_t used = 0;
@@ -1883,12 +1884,19 @@ struct residency_engine::impl {
       } else {
         std::snprintf(name, sizeof name, "%zu", t.regions);
       }
-      const int n = std::snprintf(trials + used, sizeof trials - used, "%s%s (%zu wanted) %.1f ms", i ? ", " : "",
-                                  name, t.wanted, static_cast<double>(t.step_ns) / 1e6);
+      char step[64];
+      if (t.step_ns == 0) {
+        std::snprintf(step, sizeof step, "not timed");
+      } else {
+        std::snprintf(step, sizeof step, "%.1f ms%s", static_cast<double>(t.step_ns) / 1e6,
+                      t.same_set ? ", the set before" : "");
+      }
+      const int n = std::snprintf(trials + used, sizeof trials - used, "%s%s (%zu wanted) %s", i ? ", " : "", name,
+                                  t.wanted, step);
       if (n < 0) break;
       used += static_cast<std::size_t>(n);
     }
-    char chosen[24];
+    char chosen[40];
     if (o.chosen == prefetch_tuner::k_auto) {
       std::snprintf(chosen, sizeof chosen, "auto");
     } else {

@@ -23,6 +23,8 @@
 #include "allocator/forecast.hpp"
 #include "allocator/region_map.hpp"
 #include "allocator/residency_gate.hpp"
+#include "profiler/access_event.hpp"
+#include "profiler/learner.hpp"
 #include "runtime/error.hpp"
 #include "runtime/sim_driver.hpp"
 
@@ -1320,6 +1322,57 @@ TEST(Residency, ATunedPrefetchKeepsTheFastestDistanceAndPrefetchesNoFurther) {
   EXPECT_EQ(st.prefetch_tune_steps, 9);
   EXPECT_EQ(st.prefetch_tune_abandoned, 0);
   expect_brought_in(4, "the choice made: region ");
+  h.expect_clean();
+  for (void* q : p) h.alloc.deallocate(q);
+}
+
+// The same with the learner as the forecast: launches fed to it as the tracker's consumer would, a policy round every
+// 15 launches, the test's clock moving by each launch's share of a step that costs what the distance in force makes
+// it cost. The learner must find the step, its rounds the step's starts, and the tuner the fastest distance.
+TEST(Residency, ATunedPrefetchFollowsTheLearnersSteps) {
+  prefetch_tune_on tune;
+  profiler::learner l;
+  harness h(16 * MiB);
+  h.alloc.set_forecast_source(&l);
+  std::vector<void*> p;
+  for (int i = 0; i < 8; ++i) {
+    p.push_back(h.alloc.allocate(2 * MiB, h.s1));
+    h.write(h.s1, p.back(), 2 * MiB, static_cast<std::uint8_t>(40 + i));
+  }
+  // A step: each region used by three launches, then twelve launches on activations (fresh ids, never recurring),
+  // so that the regions' uses lie too far apart to be one group.
+  constexpr std::uint64_t k_step = 8 * 15;
+  std::uint64_t launch_no = 0;
+  region_id fresh = 1'000'000;
+  std::vector<std::int64_t> limits;
+  for (int step = 0; step < 60; ++step) {
+    const std::int64_t limit = h.alloc.residency().prefetch_limit;
+    const std::uint64_t step_ns = static_cast<std::uint64_t>(limit == 0 ? 50 : limit == 4 ? 30 : 40) * 1'000'000;
+    for (std::uint64_t k = 0; k < k_step; ++k) {
+      profiler::access_event e;
+      e.launch_no = ++launch_no;
+      e.kernel = static_cast<std::uint32_t>(100 + k);
+      e.nregions = 1;
+      e.flags = 0;
+      e.regions[0] = k % 15 < 3 ? harness::id_of(p[k / 15]) : fresh++;
+      l.on_event(e);
+      g_tune_ns += step_ns / k_step;
+      if (k % 15 == 14) h.alloc.residency_tick();
+    }
+    const std::int64_t now = h.alloc.residency().prefetch_limit;
+    if (limits.empty() || limits.back() != now) limits.push_back(now);
+  }
+  l.flush();
+  const profiler::learner_stats ls = l.stats();
+  EXPECT_TRUE(ls.learned);
+  EXPECT_EQ(ls.period, k_step);
+  const residency_stats st = h.alloc.residency();
+  EXPECT_EQ(st.prefetch_tunings, 1);
+  EXPECT_EQ(st.prefetch_tune_abandoned, 0);
+  EXPECT_EQ(st.prefetch_limit, 4);
+  EXPECT_EQ(limits, (std::vector<std::int64_t>{0, 4, 2, 4})) << "auto, 4, 2, then 4 kept";
+  h.alloc.set_forecast_source(nullptr);
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(h.holds(p[i], 2 * MiB, static_cast<std::uint8_t>(40 + i))) << i;
   h.expect_clean();
   for (void* q : p) h.alloc.deallocate(q);
 }

@@ -560,7 +560,12 @@ def self_test_parent():
                                              "engine.map": 7.0, "engine.turn_wait": 1.5}}, 2)
     assert t["program_vmm_s_per_step"] == 1.0 and t["engine_turn_wait_s_per_step"] == 0.5, t
     assert "program_vmm_s_per_step" not in layerswap_traffic({}, {"driver_call_s": {"program.record": 1.0}}, 2)
-    return 12
+    t = layerswap_traffic({}, {"residency": {"prefetch_limit": 16, "prefetch_tunings": 1, "prefetch_tune_steps": 12,
+                                             "prefetch_tune_abandoned": 0}}, 2)
+    assert t["prefetch_tune"] == {"prefetch_limit": 16, "prefetch_tunings": 1, "prefetch_tune_steps": 12,
+                                  "prefetch_tune_abandoned": 0}, t
+    assert "prefetch_tune" not in layerswap_traffic({}, {"residency": {"prefetch_limit": 0, "prefetch_tunings": 0}}, 2)
+    return 13
 
 
 def self_test_rounds():
@@ -995,6 +1000,11 @@ PER_STEP_STATS = ("launch_wait_s", "launch_waits", "launch_holds", "stall_evicti
 VMM_KINDS = ("create", "release", "map", "unmap", "set_access", "reserve")
 
 
+# LAYERSWAP_PREFETCH=tune's figures (layerswap.stats()'s "residency"): the distance in force at the end (0: auto),
+# tunings finished, steps timed, tunings abandoned for another step length.
+TUNE_LEVELS = ("prefetch_limit", "prefetch_tunings", "prefetch_tune_steps", "prefetch_tune_abandoned")
+
+
 def layerswap_traffic(before, after, steps):
     """bytes_h2d_per_step and hit_rate from two layerswap.stats() snapshots (after the warm-up, at the end).
 
@@ -1043,6 +1053,14 @@ def layerswap_traffic(before, after, steps):
             attribution[name] = fa[k] if name.endswith("_upper_s") else (fa[k] - fb.get(k, 0)) / steps
         if attribution:
             res["launch_attribution_per_step"] = attribution
+    # LAYERSWAP_PREFETCH=tune (Note [Tuned prefetch]): levels at the end, not per step; only when it tuned.
+    tune = {}
+    for name in TUNE_LEVELS:
+        key = find(lambda k, n=name: k == n or k.endswith("." + n))
+        if key:
+            tune[name] = fa[key]
+    if any(tune.get(n) for n in TUNE_LEVELS[1:]):
+        res["prefetch_tune"] = tune
     counted, missed = find(lambda k: k.endswith("launches_counted")), find(lambda k: k.endswith("launches_missed"))
     if counted and missed and fa[counted] - fb.get(counted, 0) > 0:  # over the timed steps only
         res["hit_rate_timed"] = 1 - (fa[missed] - fb.get(missed, 0)) / (fa[counted] - fb.get(counted, 0))

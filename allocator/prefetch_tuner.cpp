@@ -85,7 +85,7 @@ std::size_t prefetch_tuner::observe(std::uint64_t generation, std::uint64_t step
   const bool valid = !untimed_ && !relearned && whole && step_ns != 0 && (steps == 1 || phase_ == phase::timed);
   step_start_ = step_start;
   step_seen_ns_ = now_ns;
-  untimed_ = relearned;
+  untimed_ = relearned || !whole;  // the step under way began when the learner says, which no round saw
   const std::size_t before = limit_;
   for (std::uint64_t k = 0; k < steps && tuning() && limit_ == before; ++k) on_step(step_ns, valid, finished);
   return limit_;

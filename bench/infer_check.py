@@ -126,13 +126,12 @@ def worker(args):
         json.dump(out, f, indent=1)
 
 
-TUNE_KEYS = ("prefetch_limit", "prefetch_tunings", "prefetch_tune_steps", "prefetch_tune_abandoned")
-
-
 def tuned_stats(snapshot):
-    """LAYERSWAP_PREFETCH=tune's figures from a layerswap.stats(device) snapshot (under its "residency")."""
+    """LAYERSWAP_PREFETCH=tune's figures (swap.TUNE_LEVELS) from a layerswap.stats(device) snapshot (under its
+    "residency")."""
+    from swap import TUNE_LEVELS
     residency = snapshot.get("residency") or {}
-    return {k: residency.get(k) for k in TUNE_KEYS}
+    return {k: residency.get(k) for k in TUNE_LEVELS}
 
 
 def tuned_text(prefetch):

@@ -248,7 +248,8 @@ def test_infer_check_arguments():
     assert infer_check.tuned_stats(snapshot) == {"prefetch_limit": 8, "prefetch_tunings": 1,
                                                  "prefetch_tune_steps": 9, "prefetch_tune_abandoned": 2}
     assert "tuned: 8 regions" in infer_check.tuned_text(infer_check.tuned_stats(snapshot))
-    assert infer_check.tuned_stats({}) == dict.fromkeys(infer_check.TUNE_KEYS)
+    import swap
+    assert infer_check.tuned_stats({}) == dict.fromkeys(swap.TUNE_LEVELS)
     assert "tuned: auto" in infer_check.tuned_text({"prefetch_limit": 0, "prefetch_tunings": 2,
                                                     "prefetch_tune_steps": 9})
     assert not infer_check.same_rounds(a, {"rounds": [a["rounds"][0], {"tokens": [1, 2], "logits_sha256": "y"}]})

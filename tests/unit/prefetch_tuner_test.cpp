@@ -201,8 +201,12 @@ TEST(PrefetchTuner, FrequentRelearnsEndTheTrialWithAFasterDistanceOrAuto) {
         ASSERT_EQ(p.finished, 1) << what;
         EXPECT_LE(steps, 200) << what;
         const std::size_t kept = p.tuner.limit();
-        if (kept != k_auto) EXPECT_LE((*cost)(kept), (*cost)(k_auto) * 95 / 100) << what << ": kept " << kept;
-        if (cost == &training_cost) EXPECT_EQ(kept, k_auto) << what;
+        if (kept != k_auto) {
+          EXPECT_LE((*cost)(kept), (*cost)(k_auto) * 95 / 100) << what << ": kept " << kept;
+        }
+        if (cost == &training_cost) {
+          EXPECT_EQ(kept, k_auto) << what;
+        }
       }
     }
   }
@@ -248,7 +252,9 @@ TEST(PrefetchTuner, ALengthThatDriftsPastA64thOfTheOneTunedIsTunedAgain) {
     ++p.generation;
     p.steps(2, generation_cost);
     retuned = p.tuner.tuning();
-    if (!retuned) EXPECT_LE(p.launches, 1000u + 1000u / 64) << "a length beyond a 64th kept the choice";
+    if (!retuned) {
+      EXPECT_LE(p.launches, 1000u + 1000u / 64) << "a length beyond a 64th kept the choice";
+    }
   }
   EXPECT_TRUE(retuned);
   EXPECT_GT(p.launches, 1000u + 1000u / 64);

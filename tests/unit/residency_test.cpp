@@ -1297,7 +1297,9 @@ TEST(Residency, ATunedPrefetchKeepsTheFastestDistanceAndPrefetchesNoFurther) {
   // Everything on the host, then rounds within one step (no step passes): the forecast's first `n` come in.
   const auto expect_brought_in = [&](std::size_t n, const char* when) {
     for (void* q : p) {
-      if (h.alloc.residency_of(q) == region_residency::device) ASSERT_TRUE(h.alloc.request_evict(q));
+      if (h.alloc.residency_of(q) == region_residency::device) {
+        ASSERT_TRUE(h.alloc.request_evict(q));
+      }
     }
     for (int i = 0; i < 8; ++i) h.alloc.residency_tick();
     for (std::size_t i = 0; i < p.size(); ++i) {
